@@ -422,8 +422,18 @@ class SendQueue:
     def _evict(self, need):
         """Drop best_effort MESSAGE frames, oldest first, until `need` bytes are free (one pass)."""
         b = self.buf
-        r = w = self.walk  # read and write positions over the wholly unsent frames
         end = self.tail
+        # Dry run first: evicting frames that still would not make room loses data for nothing.
+        r = self.walk
+        freed = 0
+        while r < end and freed < need:
+            flen = HDR + get_u32(b, r + 8)
+            if b[r + 5] == OP_MESSAGE and self.owner.evictable(get_u32(b, r + HDR)):
+                freed += flen
+            r += flen
+        if freed < need:
+            return
+        r = w = self.walk  # read and write positions over the wholly unsent frames
         freed = 0
         while r < end and freed < need:
             flen = HDR + get_u32(b, r + 8)
@@ -618,7 +628,7 @@ class ProtocolError(Exception):
     """A well-formed frame with unusable JSON: ERROR protocol_error, connection kept."""
 
     def __init__(self, message, id_=None):
-        Exception.__init__(self, message)
+        super().__init__(message)
         self.id = id_
 
 

@@ -1,0 +1,160 @@
+# A scripted, in-process ROS side and a test client for the gateway core.
+# Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike: no pytest, no typing.
+import json
+
+import ubrb_min as U
+
+QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+
+
+class ScriptedRos:
+    """RosPort stand-in: records registrations; copies published bytes into its own buffer."""
+
+    def __init__(self, max_message=4096, distro="humble"):
+        self.sink = None
+        self.calls = []
+        self.distro = distro
+        self.max = max_message
+        self.last = bytearray(max_message)  # last published message, copied (no allocation)
+        self.last_len = 0
+        self.last_slot = -1
+        self.published = 0
+        self.record = True  # False in allocation tests: a list append allocates
+
+    def up(self):
+        self.sink.ros_up(self.distro, self.max)
+
+    def advertise(self, slot, topic, type_, qos):
+        self.calls.append(("advertise", slot, topic, type_, qos["reliability"]))
+
+    def unadvertise(self, slot):
+        self.calls.append(("unadvertise", slot))
+
+    def subscribe(self, slot, topic, type_, qos):
+        self.calls.append(("subscribe", slot, topic, type_, qos["reliability"]))
+
+    def unsubscribe(self, slot):
+        self.calls.append(("unsubscribe", slot))
+
+    def publish(self, slot, buf, off, n, reliable):
+        U.copy_into(self.last, 0, buf, off, n)
+        self.last_len = n
+        self.last_slot = slot
+        self.published += 1
+        if self.record:
+            self.calls.append(("publish", slot, bytes(self.last[:n]), reliable))
+
+    def max_message(self):
+        return self.max
+
+    def names(self):
+        return [c[0] for c in self.calls]
+
+    def take(self):
+        c = self.calls
+        self.calls = []
+        return c
+
+
+def profile(**over):
+    p = {
+        "max_clients": 3,
+        "max_pubs": 4,
+        "max_subs": 4,
+        "max_topics": 6,
+        "max_payload": 4096,
+        "max_control": 512,
+        "queue_bytes": 16384,
+        "control_reserve": 1024,
+    }
+    for k in over:
+        p[k] = over[k]
+    return U.make_profile("mcu", p)
+
+
+def gateway(ros_up=True, **over):
+    ros = ScriptedRos()
+    gw = U.Gateway(profile(**over), ros=ros)
+    if ros_up:
+        ros.up()
+    return gw, ros
+
+
+def hello(name="test"):
+    return U.encode_json_frame(U.OP_HELLO, {"protocol": 1, "client": name})
+
+
+def advertise(id_, topic, type_="std_msgs/msg/String", qos=None):
+    return U.encode_json_frame(
+        U.OP_ADVERTISE, {"id": id_, "topic": topic, "type": type_, "qos": qos or QOS_R}
+    )
+
+
+def subscribe(id_, topic, type_="std_msgs/msg/String", qos=None):
+    return U.encode_json_frame(
+        U.OP_SUBSCRIBE, {"id": id_, "topic": topic, "type": type_, "qos": qos or QOS_R}
+    )
+
+
+def publish(id_, data):
+    b = bytearray(4)
+    U.put_u32(b, 0, id_)
+    return U.encode_frame(U.OP_PUBLISH, bytes(b) + data)
+
+
+def parse_frames(data):
+    """[(op, payload)] of a byte string of whole frames."""
+    out = []
+    o = 0
+    while o < len(data):
+        assert data[o : o + 4] == b"UBRB", "bad magic in output"
+        n = U.get_u32(data, o + 8)
+        out.append((data[o + 5], bytes(data[o + 12 : o + 12 + n])))
+        o += 12 + n
+    return out
+
+
+class Client:
+    """One simulated TCP client of a Gateway: bytes in through the decoder, frames out of the queue."""
+
+    def __init__(self, gw, now=0):
+        self.gw = gw
+        self.ci = gw.accept(now)
+        assert self.ci >= 0
+
+    @property
+    def session(self):
+        return self.gw.clients[self.ci]
+
+    def send(self, data, now=0):
+        """Feed bytes the way a socket would: as much as fits, then let the gateway consume."""
+        d = self.session.decoder
+        o = 0
+        while o < len(data):
+            n = min(len(data) - o, d.space())
+            U.copy_into(d.buf, d.fill, data, o, n)
+            self.gw.received(self.ci, n, now)
+            o += n
+            if self.gw.wants_close(self.ci):
+                break
+
+    def frames(self, limit=None):
+        """Everything queued for this client (up to `limit` bytes), as (op, payload) pairs."""
+        q = self.session.queue
+        n = q.pending() if limit is None else min(limit, q.pending())
+        data = bytes(q.buf[q.head : q.head + n])
+        q.sent(n)
+        return parse_frames(data)
+
+    def json_frames(self, op):
+        return [json.loads(p) for o, p in self.frames() if o == op]
+
+    def errors(self):
+        return [(e["code"], e["id"]) for e in self.json_frames(U.OP_ERROR)]
+
+    def closing(self):
+        return self.gw.wants_close(self.ci)
+
+    def close(self):
+        self.gw.closed(self.ci, "test")
