@@ -1,0 +1,159 @@
+"""End to end over real TCP against `python ubrb_min.py` started as a subprocess."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+import ubrb_min as U
+from ports.cpython.gateway import GatewayServer
+from tests.core.scripted import QOS_BE, ScriptedRos, advertise, hello, profile, publish, subscribe
+from tests.gateway.ubrb_test_client import GatewayProcess, TcpClient
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    g = GatewayProcess("--link", "none", "--profile", "mcu", "--max-clients", "3")
+    yield g
+    out = g.stop()
+    assert g.proc.returncode == 0, out
+
+
+def test_start_up_prints_the_memory_budget(gateway):
+    text = "".join(gateway.lines)
+    assert "profile mcu: worst-case memory budget" in text
+
+
+def test_handshake_pipelined_registration_and_ping(gateway):
+    c = TcpClient(gateway.port)
+    c.send(
+        hello("pytest")
+        + advertise(1, "/odom", "nav_msgs/msg/Odometry")
+        + subscribe(1, "/cmd_vel", "geometry_msgs/msg/Twist")
+        + U.encode_frame(U.OP_PING, b"")
+    )
+    ack = c.expect_json(U.OP_HELLO_ACK)
+    assert ack["protocol"] == 1 and ack["ros_distro"] == "unknown"
+    c.expect(U.OP_PONG)
+    # The registration stuck: a duplicate is refused, an unknown id is not.
+    c.send(advertise(1, "/odom", "nav_msgs/msg/Odometry") + publish(2, b"x"))
+    assert c.expect_error() == ("duplicate_id", 1)
+    assert c.expect_error() == ("unknown_id", 2)
+    c.close()
+
+
+def test_frames_split_across_many_tcp_segments(gateway):
+    c = TcpClient(gateway.port)
+    data = hello() + U.encode_frame(U.OP_PING, b"") * 3
+    for i in range(len(data)):
+        c.send(data[i : i + 1])
+    c.expect(U.OP_HELLO_ACK)
+    for _ in range(3):
+        c.expect(U.OP_PONG)
+    c.close()
+
+
+def test_protocol_error_closes_only_that_connection(gateway):
+    good = TcpClient(gateway.port)
+    good.send(hello())
+    good.expect(U.OP_HELLO_ACK)
+    bad = TcpClient(gateway.port)
+    bad.send(b"GET / HTTP/1.1\r\n\r\n")
+    frames = bad.expect_closed()
+    assert frames and frames[0][0] == U.OP_ERROR and b"protocol_error" in frames[0][1]
+    good.send(U.encode_frame(U.OP_PING, b""))
+    good.expect(U.OP_PONG)
+    good.close()
+
+
+def test_unsupported_protocol_closes(gateway):
+    c = TcpClient(gateway.port)
+    c.send(U.encode_json_frame(U.OP_HELLO, {"protocol": 7, "client": "x"}))
+    frames = c.expect_closed()
+    assert b"unsupported_protocol" in frames[0][1]
+
+
+def test_too_many_clients(gateway):
+    held = [TcpClient(gateway.port) for _ in range(3)]
+    for c in held:
+        c.send(hello())
+        c.expect(U.OP_HELLO_ACK)
+    extra = TcpClient(gateway.port)
+    frames = extra.expect_closed()
+    assert frames[0][0] == U.OP_ERROR and b"too_many_clients" in frames[0][1]
+    for c in held:
+        c.close()
+    # Slots come back once those connections are gone.
+    deadline = time.monotonic() + 5
+    while True:
+        c = TcpClient(gateway.port)
+        c.send(hello())
+        f = c.recv_frame()
+        c.close()
+        if f is not None and f[0] == U.OP_HELLO_ACK:
+            break
+        assert time.monotonic() < deadline, "client slots were not released"
+        time.sleep(0.05)
+
+
+def test_sigint_stops_cleanly():
+    g = GatewayProcess("--link", "none", "--profile", "mcu")
+    c = TcpClient(g.port)
+    c.send(hello())
+    c.expect(U.OP_HELLO_ACK)
+    out = g.stop(signal.SIGINT)
+    assert g.proc.returncode == 0, out
+    assert "stopped; counters" in out
+    assert c.recv_frame() is None  # our connection was closed, not left hanging
+
+
+def test_bad_profile_override_is_refused_at_start():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, U.__file__, "--profile", "mcu", "--queue-bytes", "100", "--link", "none"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert r.returncode == 2
+    assert "queue_bytes" in r.stderr
+
+
+def test_fan_out_over_real_sockets_with_a_scripted_ros_side():
+    # The server loop in-process, so a scripted ROS side can inject messages.
+    ros = ScriptedRos()
+    gw = U.Gateway(profile(), ros=ros)
+    ros.up()
+    server = GatewayServer(gw, ("127.0.0.1", 0))
+    t = threading.Thread(target=server.serve, daemon=True)
+    t.start()
+    try:
+        a = TcpClient(server.address[1])
+        b = TcpClient(server.address[1])
+        a.send(hello() + subscribe(3, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE) + advertise(1, "/cmd"))
+        b.send(hello() + subscribe(9, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE))
+        a.expect(U.OP_HELLO_ACK)
+        b.expect(U.OP_HELLO_ACK)
+        deadline = time.monotonic() + 5
+        while gw.subs.find("/scan") < 0 or sum(gw.clients[i].sub_refs[0] for i in range(3)) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        gw.ros_message(gw.subs.find("/scan"), b"\x00\x01\x00\x00scan", 0, 8)
+        assert a.expect(U.OP_MESSAGE) == b"\x03\x00\x00\x00\x00\x01\x00\x00scan"
+        assert b.expect(U.OP_MESSAGE) == b"\x09\x00\x00\x00\x00\x01\x00\x00scan"
+        a.send(publish(1, b"\x00\x01\x00\x00go"))
+        while ros.published == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert bytes(ros.last[: ros.last_len]) == b"\x00\x01\x00\x00go"
+        a.close()
+        b.close()
+    finally:
+        server.stop()
+        t.join(5)
