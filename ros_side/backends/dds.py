@@ -1,0 +1,356 @@
+"""Backend ``dds``: ROS 2 on the wire with the PyPI cyclonedds binding, no ROS installation.
+
+ROS 2 wire conventions (rmw_cyclonedds_cpp ``rmw_node.cpp``): DDS topic ``rt/<name>``, DDS type
+``pkg::msg::dds_::Type_`` (see ``ros_side.dds_types``), keyless final types in XCDR1, and the QoS
+that ``create_readwrite_qos`` produces:
+
+=====================  =======================================================================
+UBRB qos               DDS QoS
+=====================  =======================================================================
+depth N                HISTORY KEEP_LAST(N); N = 0 -> 1 (rmw refuses depth < 1 after
+                       mapping RMW_QOS_POLICY_DEPTH_SYSTEM_DEFAULT (0) to 1)
+reliable               RELIABILITY RELIABLE, max_blocking_time = infinite
+best_effort            RELIABILITY BEST_EFFORT
+volatile               DURABILITY VOLATILE
+transient_local        DURABILITY TRANSIENT_LOCAL + DURABILITY_SERVICE(cleanup 0, KEEP_LAST(N),
+                       unlimited, unlimited, unlimited): Cyclone serves late joiners from the
+                       durability-service history, so it mirrors the history.
+(always)               LIVELINESS AUTOMATIC(infinite), writer autodispose off,
+                       DATA_REPRESENTATION XCDR1 only
+Iron and later         USER_DATA ``typehash=RIHS01_<hex>;`` (rmw_dds_common's format)
+=====================  =======================================================================
+
+Raw CDR both ways, untouched, through cyclonedds-python's private C-extension calls (no public
+raw API exists in 11.0.1, so the package version is pinned and the tests cover these calls):
+
+* ``cyclonedds._clayer.ddspy_write(writer_entity: int, data: bytes-like) -> int`` — ``data`` is
+  the complete serialized sample *including* the 4-byte encapsulation header; returns a DDS
+  return code (< 0 on error).
+
+  Padding. An RTPS DATA submessage carries its payload padded to a multiple of 4 and, in
+  cyclonedds 11.0.1, without the exact length, so a reader in *another process* receives
+  ``len`` rounded up to 4 — and, measured here, the extra bytes are whatever was in Cyclone's
+  buffer, not zeros (fragmented samples, DATA_FRAG, carry the exact size and arrive exact;
+  in-process readers always get the exact bytes). So ``publish`` does what cyclonedds' own
+  ``DataWriter.write`` does: it appends 0-3 zero bytes when the length is not a multiple of 4
+  and leaves the encapsulation header as the client wrote it. A ROS 2 subscriber therefore gets
+  the client's bytes, followed by at most 3 zero bytes; CDR deserializers ignore them. Bytes
+  received from DDS are passed on exactly as they arrive.
+* ``cyclonedds._clayer.ddspy_take(reader_entity: int, mask: int, n: int)`` -> list of
+  ``(bytes, SampleInfo)`` or an ``int`` DDS error code; ``bytes`` include the 4-byte header.
+
+Subscriptions are served by one WaitSet thread per backend (a ReadCondition per reader, a
+GuardCondition to wake it), so Cyclone's receive threads never take the GIL; callbacks therefore
+run on that thread.
+"""
+
+import logging
+import os
+import threading
+
+from cyclonedds._clayer import ddspy_take, ddspy_write
+from cyclonedds.core import (DDSException, GuardCondition, InstanceState, ReadCondition,
+                             SampleState, ViewState, WaitSet)
+from cyclonedds.domain import Domain, DomainParticipant
+from cyclonedds.internal import dds_infinity
+from cyclonedds.pub import DataWriter
+from cyclonedds.qos import Policy, Qos
+from cyclonedds.sub import DataReader
+from cyclonedds.topic import Topic
+
+from ..dds_types import TypeRegistry
+from ..errors import RosError
+from ..names import dds_topic_name, normalize_type
+from ..qos import normalize_qos
+
+log = logging.getLogger("ros_side.dds")
+
+# ROS-NOTES.md: keeps every packet on loopback; cross-process discovery still works.
+LOOPBACK_XML = (
+    '<CycloneDDS><Domain><General><Interfaces><NetworkInterface name="lo"/></Interfaces>'
+    '<AllowMulticast>false</AllowMulticast></General><Discovery>'
+    '<ParticipantIndex>auto</ParticipantIndex><MaxAutoParticipantIndex>50</MaxAutoParticipantIndex>'
+    '<Peers><Peer address="127.0.0.1"/></Peers></Discovery></Domain></CycloneDDS>'
+)
+
+_ANY = SampleState.Any | ViewState.Any | InstanceState.Any
+_TAKE_BATCH = 32
+_ZEROS = b"\0\0\0"
+
+
+def localhost_only(env=None):
+    """True when the ROS 2 convention asks for loopback-only discovery.
+
+    ``ROS_LOCALHOST_ONLY=1`` (Humble; deprecated in Jazzy) or
+    ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` (Iron/Jazzy).
+    """
+    env = os.environ if env is None else env
+    if env.get("ROS_LOCALHOST_ONLY", "").strip() == "1":
+        return True
+    return env.get("ROS_AUTOMATIC_DISCOVERY_RANGE", "").strip().upper() == "LOCALHOST"
+
+
+def implied_config(env=None):
+    """LOOPBACK_XML when ``localhost_only(env)`` and the user has not set ``CYCLONEDDS_URI``."""
+    env = os.environ if env is None else env
+    if localhost_only(env) and not env.get("CYCLONEDDS_URI"):
+        return LOOPBACK_XML
+    return None
+
+
+def default_domain(env=None):
+    env = os.environ if env is None else env
+    v = env.get("ROS_DOMAIN_ID", "").strip()
+    return int(v) if v else 0
+
+
+def make_qos(qos, writer, type_hash=None):
+    """The DDS QoS rmw_cyclonedds would use for this UBRB qos (see the module docstring)."""
+    reliable, transient_local, depth = normalize_qos(qos)
+    pols = [
+        Policy.History.KeepLast(depth),
+        Policy.Reliability.Reliable(max_blocking_time=dds_infinity) if reliable
+        else Policy.Reliability.BestEffort,
+        Policy.Durability.TransientLocal if transient_local else Policy.Durability.Volatile,
+        Policy.Liveliness.Automatic(lease_duration=dds_infinity),
+        Policy.DataRepresentation(use_cdrv0_representation=True),
+    ]
+    if transient_local:
+        pols.append(Policy.DurabilityService(
+            cleanup_delay=0, history=Policy.History.KeepLast(depth),
+            max_samples=-1, max_instances=-1, max_samples_per_instance=-1))
+    if writer:
+        pols.append(Policy.WriterDataLifecycle(autodispose=False))
+    if type_hash:
+        pols.append(Policy.Userdata(data=("typehash=%s;" % type_hash).encode("ascii")))
+    return Qos(*pols)
+
+
+def _delete(entity):
+    """Delete a cyclonedds entity now (the binding otherwise deletes on garbage collection)."""
+    if entity is not None:
+        try:
+            entity.__del__()
+        except Exception:  # pragma: no cover - already gone
+            pass
+
+
+class _Pub:
+    __slots__ = ("topic", "type", "writer", "active")
+
+    def __init__(self, topic, ros_type, writer):
+        self.topic = topic
+        self.type = ros_type
+        self.writer = writer
+        self.active = True
+
+
+class _Sub:
+    __slots__ = ("topic", "type", "reader", "cond", "callback", "handle_id", "active")
+
+    def __init__(self, topic, ros_type, reader, cond, callback):
+        self.topic = topic
+        self.type = ros_type
+        self.reader = reader
+        self.cond = cond
+        self.callback = callback
+        self.handle_id = reader.instance_handle
+        self.active = True
+
+
+class DdsBackend:
+    """Backend ``dds``. ``DdsBackend(domain=None, distro='humble', msg_paths=())``.
+
+    ``domain`` None -> ``ROS_DOMAIN_ID`` else 0. Applies ``LOOPBACK_XML`` when ``localhost_only()``
+    and ``CYCLONEDDS_URI`` is unset.
+    """
+
+    name = "dds"
+
+    def __init__(self, domain=None, distro="humble", msg_paths=(), types=None, config=None):
+        self.types = types if types is not None else TypeRegistry(distro, msg_paths)
+        self.distro = self.types.distro
+        for problem in self.types.problems:
+            log.warning("--msg-path: %s", problem)
+        self.domain_id = default_domain() if domain is None else int(domain)
+        self._domain = None
+        if config is None:
+            config = implied_config()
+        if config is not None:
+            try:
+                self._domain = Domain(self.domain_id, config)
+            except DDSException as e:  # domain already created in this process
+                log.warning("could not apply DDS config to domain %d: %s", self.domain_id, e)
+        self.dp = DomainParticipant(self.domain_id)
+        self._lock = threading.RLock()
+        self._topics = {}       # ros topic -> [Topic, ros_type, users]
+        self._subs = []         # live _Sub objects (the WaitSet thread iterates a snapshot)
+        self._reader_ids = {}   # ros topic -> {reader instance handle} (own readers)
+        self._ws = WaitSet(self.dp)
+        self._wake = GuardCondition(self.dp)
+        self._ws.attach(self._wake)
+        self._running = True
+        self.callback_errors = 0
+        self._thread = threading.Thread(target=self._run, name="ros_side-dds-waitset", daemon=True)
+        self._thread.start()
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _acquire_topic(self, topic, ros_type):
+        ent = self._topics.get(topic)
+        if ent is not None:
+            if ent[1] != ros_type:
+                raise RosError("type_conflict", "%s already exists here with type %s"
+                               % (topic, ent[1]))
+            ent[2] += 1
+            return ent[0]
+        idl = self.types.idl_type(ros_type)
+        try:
+            t = Topic(self.dp, dds_topic_name(topic), idl)
+        except DDSException as e:
+            raise RosError("type_conflict", "%s: cannot create DDS topic: %s" % (topic, e))
+        self._topics[topic] = [t, ros_type, 1]
+        return t
+
+    def _release_topic(self, topic):
+        ent = self._topics.get(topic)
+        if ent is None:
+            return
+        ent[2] -= 1
+        if ent[2] <= 0:
+            del self._topics[topic]
+            _delete(ent[0])
+
+    # -- Backend interface ------------------------------------------------------------------------
+    def create_publisher(self, topic, type_string, qos):
+        ros_type = normalize_type(type_string)
+        try:
+            dqos = make_qos(qos, True, self.types.type_hash(ros_type))
+        except ValueError as e:
+            raise RosError("qos_conflict", str(e))
+        with self._lock:
+            t = self._acquire_topic(topic, ros_type)
+            try:
+                w = DataWriter(self.dp, t, qos=dqos)
+            except DDSException as e:
+                self._release_topic(topic)
+                raise RosError("qos_conflict", "%s: cannot create writer: %s" % (topic, e))
+            return _Pub(topic, ros_type, w)
+
+    def destroy_publisher(self, handle):
+        with self._lock:
+            if not handle.active:
+                return
+            handle.active = False
+            _delete(handle.writer)
+            handle.writer = None
+            self._release_topic(handle.topic)
+
+    def publish(self, handle, data):
+        w = handle.writer
+        if w is None:
+            return
+        pad = -len(data) % 4
+        if pad:  # see the module docstring: zeros, never Cyclone's uninitialised padding
+            data = bytes(data) + _ZEROS[:pad]
+        ret = ddspy_write(w._ref, data)
+        if ret < 0:
+            raise DDSException(ret, "ddspy_write on %s" % handle.topic)
+
+    def subscription_count(self, handle):
+        """Matched readers of this writer, minus this participant's own readers."""
+        w = handle.writer
+        if w is None:
+            return 0
+        matched = w.get_matched_subscriptions()
+        own = self._reader_ids.get(handle.topic)
+        if not own:
+            return len(matched)
+        return sum(1 for h in matched if h not in own)
+
+    def create_subscription(self, topic, type_string, qos, callback):
+        ros_type = normalize_type(type_string)
+        try:
+            dqos = make_qos(qos, False, self.types.type_hash(ros_type))
+        except ValueError as e:
+            raise RosError("qos_conflict", str(e))
+        with self._lock:
+            t = self._acquire_topic(topic, ros_type)
+            try:
+                r = DataReader(self.dp, t, qos=dqos)
+            except DDSException as e:
+                self._release_topic(topic)
+                raise RosError("qos_conflict", "%s: cannot create reader: %s" % (topic, e))
+            cond = ReadCondition(r, _ANY)
+            sub = _Sub(topic, ros_type, r, cond, callback)
+            self._reader_ids.setdefault(topic, set()).add(sub.handle_id)
+            self._subs = self._subs + [sub]
+            self._ws.attach(cond)
+            self._wake.set(True)
+            return sub
+
+    def destroy_subscription(self, handle):
+        with self._lock:
+            if not handle.active:
+                return
+            handle.active = False
+            self._subs = [s for s in self._subs if s is not handle]
+            ids = self._reader_ids.get(handle.topic)
+            if ids is not None:
+                ids.discard(handle.handle_id)
+                if not ids:
+                    del self._reader_ids[handle.topic]
+            try:
+                self._ws.detach(handle.cond)
+            except Exception:  # pragma: no cover
+                pass
+            _delete(handle.cond)
+            _delete(handle.reader)
+            handle.cond = handle.reader = None
+            self._release_topic(handle.topic)
+
+    def close(self):
+        with self._lock:
+            if not self._running:
+                return
+            self._running = False
+            self._wake.set(True)
+        self._thread.join(2.0)
+        with self._lock:
+            for s in list(self._subs):
+                self.destroy_subscription(s)
+            _delete(self._wake)
+            _delete(self._ws)
+            _delete(self.dp)
+            self._topics.clear()
+            self._domain = None
+
+    # -- the WaitSet thread -----------------------------------------------------------------------
+    def _run(self):
+        ws = self._ws
+        while self._running:
+            try:
+                ws.wait(dds_infinity)
+            except DDSException:  # pragma: no cover - waitset deleted under us
+                return
+            self._wake.take()
+            for sub in self._subs:  # a snapshot: the list is replaced, never mutated
+                self._drain(sub)
+
+    def _drain(self, sub):
+        reader = sub.reader
+        if reader is None:
+            return
+        ref = reader._ref
+        while sub.active:
+            got = ddspy_take(ref, _ANY, _TAKE_BATCH)
+            if isinstance(got, int) or not got:
+                return  # error (e.g. reader deleted meanwhile) or nothing left
+            for data, info in got:
+                if info.valid_data and sub.active:
+                    try:
+                        sub.callback(data)
+                    except Exception:  # a callback must never kill the thread
+                        self.callback_errors += 1
+                        log.exception("subscription callback failed on %s", sub.topic)
+            if len(got) < _TAKE_BATCH:
+                return

@@ -1,0 +1,214 @@
+"""Backend ``rclpy``: a thin layer over a ROS 2 installation's rclpy (Foxy and later).
+
+Only documented rclpy API is used (see shared/design/ROS-NOTES.md):
+
+* message classes: ``rosidl_runtime_py.utilities.get_message('pkg/msg/Type')``; exactly
+  ModuleNotFoundError / AttributeError / ValueError mean "no such type" (as in ros2cli) ->
+  ``unknown_type``;
+* topic names: ``rclpy.validate_full_topic_name.validate_full_topic_name`` (raises
+  ``InvalidTopicNameException``) -> ``invalid_topic``; the companion uses it instead of its own
+  check through ``check_topic``;
+* ``Node.create_publisher(cls, topic, QoSProfile)`` and ``Publisher.publish(bytes)`` (serialized
+  CDR incl. the 4-byte header; rclpy wants ``bytes``, not bytearray/memoryview);
+* ``Node.create_subscription(cls, topic, cb, QoSProfile, raw=True)``: ``cb(bytes)``;
+* ``Publisher.get_subscription_count()`` counts every matched subscription, including this node's
+  own ones on that topic: they are subtracted (a own subscription with incompatible QoS would not
+  be matched, so the result is clamped at 0);
+* entities are created and destroyed on the executor thread (a guard condition's callback runs the
+  queued work: ``node.create_guard_condition(cb)``, ``.trigger()``); ``publish`` and
+  ``get_subscription_count`` are called from the companion's thread (rcl: thread-safe per
+  publisher).
+"""
+
+import os
+import queue
+import threading
+
+from ..errors import RosError
+from ..qos import normalize_qos
+
+_TIMEOUT = 10.0
+
+
+class _Pub:
+    __slots__ = ("topic", "type", "pub")
+
+    def __init__(self, topic, ros_type, pub):
+        self.topic = topic
+        self.type = ros_type
+        self.pub = pub
+
+
+class _Sub:
+    __slots__ = ("topic", "type", "sub")
+
+    def __init__(self, topic, ros_type, sub):
+        self.topic = topic
+        self.type = ros_type
+        self.sub = sub
+
+
+class RclpyBackend:
+    name = "rclpy"
+
+    def __init__(self, node_name="ros_side", domain=None, context=None, args=None):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+        from rosidl_runtime_py.utilities import get_message  # type: ignore[import-not-found,unused-ignore]
+        from rclpy.validate_full_topic_name import validate_full_topic_name
+        from rclpy.exceptions import InvalidTopicNameException
+
+        self._rclpy = rclpy
+        self._QoSProfile = QoSProfile
+        self._Reliability = ReliabilityPolicy
+        self._Durability = DurabilityPolicy
+        self._History = HistoryPolicy
+        self._get_message = get_message
+        self._validate = validate_full_topic_name
+        self._InvalidTopic = InvalidTopicNameException
+        self.distro = os.environ.get("ROS_DISTRO", "unknown")
+        self._owns_init = False
+        if context is None and not rclpy.ok():
+            if domain is None:
+                rclpy.init(args=args)
+            else:
+                rclpy.init(args=args, domain_id=int(domain))
+            self._owns_init = True
+        self.node = rclpy.create_node(node_name)
+        self._executor = SingleThreadedExecutor()
+        self._executor.add_node(self.node)
+        self._work = queue.Queue()
+        self._guard = self.node.create_guard_condition(self._run_work)
+        self._own_subs = {}  # topic -> number of own subscriptions
+        self._lock = threading.Lock()
+        self._classes = {}
+        self._thread = threading.Thread(target=self._spin, name="ros_side-rclpy", daemon=True)
+        self._thread.start()
+
+    # -- executor thread ----------------------------------------------------------------------
+    def _spin(self):
+        try:
+            self._executor.spin()
+        except Exception:  # pragma: no cover - shutdown races
+            pass
+
+    def _run_work(self):
+        while True:
+            try:
+                fn, box, done = self._work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # handed back to the caller
+                box.append((False, e))
+            done.set()
+
+    def _call(self, fn):
+        """Run ``fn`` on the executor thread and return its result (or raise its exception)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        box, done = [], threading.Event()
+        self._work.put((fn, box, done))
+        self._guard.trigger()
+        if not done.wait(_TIMEOUT):
+            raise RuntimeError("rclpy executor did not run the request in %.0f s" % _TIMEOUT)
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    # -- helpers ------------------------------------------------------------------------------
+    def check_topic(self, name):
+        try:
+            self._validate(name)
+        except self._InvalidTopic as e:
+            raise RosError("invalid_topic", str(e))
+        return name
+
+    def _msg_class(self, ros_type):
+        cls = self._classes.get(ros_type)
+        if cls is None:
+            try:
+                cls = self._get_message(ros_type)
+            except (ModuleNotFoundError, AttributeError, ValueError) as e:
+                raise RosError("unknown_type", "%s: %s" % (ros_type, e))
+            self._classes[ros_type] = cls
+        return cls
+
+    def _profile(self, qos):
+        try:
+            reliable, transient_local, depth = normalize_qos(qos)
+        except ValueError as e:
+            raise RosError("qos_conflict", str(e))
+        return self._QoSProfile(
+            history=self._History.KEEP_LAST, depth=depth,
+            reliability=self._Reliability.RELIABLE if reliable else self._Reliability.BEST_EFFORT,
+            durability=(self._Durability.TRANSIENT_LOCAL if transient_local
+                        else self._Durability.VOLATILE))
+
+    # -- Backend interface --------------------------------------------------------------------
+    def create_publisher(self, topic, ros_type, qos):
+        cls = self._msg_class(ros_type)
+        profile = self._profile(qos)
+        pub = self._call(lambda: self.node.create_publisher(cls, topic, profile))
+        return _Pub(topic, ros_type, pub)
+
+    def destroy_publisher(self, handle):
+        pub, handle.pub = handle.pub, None
+        if pub is not None:
+            self._call(lambda: self.node.destroy_publisher(pub))
+
+    def publish(self, handle, data):
+        pub = handle.pub
+        if pub is not None:
+            pub.publish(data if type(data) is bytes else bytes(data))
+
+    def subscription_count(self, handle):
+        pub = handle.pub
+        if pub is None:
+            return 0
+        with self._lock:
+            own = self._own_subs.get(handle.topic, 0)
+        return max(0, pub.get_subscription_count() - own)
+
+    def create_subscription(self, topic, ros_type, qos, callback):
+        cls = self._msg_class(ros_type)
+        profile = self._profile(qos)
+
+        def on_msg(data, *info):  # Humble passes one argument; Iron+ may add message info
+            callback(data)
+
+        sub = self._call(lambda: self.node.create_subscription(cls, topic, on_msg, profile,
+                                                               raw=True))
+        with self._lock:
+            self._own_subs[topic] = self._own_subs.get(topic, 0) + 1
+        return _Sub(topic, ros_type, sub)
+
+    def destroy_subscription(self, handle):
+        sub, handle.sub = handle.sub, None
+        if sub is None:
+            return
+        with self._lock:
+            n = self._own_subs.get(handle.topic, 0) - 1
+            if n > 0:
+                self._own_subs[handle.topic] = n
+            else:
+                self._own_subs.pop(handle.topic, None)
+        self._call(lambda: self.node.destroy_subscription(sub))
+
+    def close(self):
+        try:
+            self._executor.shutdown()
+        except Exception:  # pragma: no cover
+            pass
+        self._thread.join(2.0)
+        try:
+            self.node.destroy_node()
+        finally:
+            if self._owns_init:
+                try:
+                    self._rclpy.shutdown()
+                except Exception:  # pragma: no cover
+                    pass

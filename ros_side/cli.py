@@ -1,0 +1,51 @@
+"""Command-line pieces of the companion that belong to ``ros_side`` (the lead wires __main__).
+
+``add_arguments(parser)`` adds the ROS options; ``make_companion(args, sink, max_message)``
+builds the backend and the Companion from them. ``strip_ros_args(argv)`` removes the
+``--ros-args ... [--]`` section that ``ros2 run``/``ros2 launch`` append.
+"""
+
+import os
+
+from .backends import make_backend
+from .companion import Companion
+
+
+def add_arguments(parser):
+    g = parser.add_argument_group("ROS side")
+    g.add_argument("--backend", choices=("auto", "rclpy", "dds"), default="auto",
+                   help="auto: rclpy if importable, else dds (default: auto)")
+    g.add_argument("--domain", type=int, default=None,
+                   help="DDS domain id (default: ROS_DOMAIN_ID, else 0)")
+    g.add_argument("--ros-distro", default=None,
+                   help="dds backend: message definitions of this ROS 2 distro "
+                        "(default: ROS_DISTRO if set, else humble)")
+    g.add_argument("--msg-path", action="append", default=[], metavar="DIR",
+                   help="dds backend: add the message packages DIR/<pkg>/msg/*.msg (repeatable)")
+    g.add_argument("--node-name", default="ros_side", help="rclpy backend: node name")
+    g.add_argument("--no-diagnostics", action="store_true",
+                   help="do not publish /diagnostics")
+    return parser
+
+
+def strip_ros_args(argv):
+    out, skipping = [], False
+    for a in argv:
+        if a == "--ros-args":
+            skipping = True
+            continue
+        if skipping:
+            if a == "--":
+                skipping = False
+            continue
+        out.append(a)
+    return out
+
+
+def make_companion(args, sink=None, max_message=64 * 1024 * 1024, **kw):
+    distro = args.ros_distro or os.environ.get("ROS_DISTRO") or "humble"
+    backend = make_backend(args.backend, domain=args.domain, distro=distro,
+                           msg_paths=args.msg_path, node_name=args.node_name)
+    if args.no_diagnostics:
+        kw["diagnostics_period_ms"] = 0
+    return Companion(backend, sink, max_message, **kw)

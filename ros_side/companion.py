@@ -1,0 +1,471 @@
+"""The companion: RosPort on top of a Backend, reporting to a GatewaySink (docs/DESIGN.md).
+
+Everything here is backend-neutral and runs on the caller's loop thread, except
+``_on_message`` (a backend callback, any thread), which only touches the bounded hand-over queue.
+
+Threads and time
+    RosPort calls (advertise ... publish) and ``poll(now)`` are made from one loop thread; every
+    GatewaySink call is made from that thread too, inside those calls or inside ``poll``. Backend
+    subscription callbacks may come from any thread: they queue ``(entity, bytes)`` (bounded by
+    count and bytes; overflow is counted as ``queue_drops``) and write one byte to a pipe whose read
+    end is ``wake_fd()``, so the loop can select on it and then call ``poll``. ``now`` is an int of
+    milliseconds from any monotonic origin, as in the gateway core. Call ``poll`` when
+    ``wake_fd()`` is readable and also at least every ~50 ms: subscriber counts, the
+    ``message_too_large`` rate limit and diagnostics are driven by it.
+
+Entities
+    One ROS publisher per published topic and one subscription per subscribed topic. Slots map to
+    entities; two slots on the same topic with the same type and QoS share the entity (the gateway
+    normally sends one slot per topic, so this only happens across sessions/resumes).
+
+Errors the companion decides (the gateway could not know them)
+    ``invalid_topic``  ROS 2 full-topic-name rules (``names.py``; the rclpy backend may override
+                       with rclpy's own ``validate_full_topic_name``);
+    ``unknown_type``   malformed type string, or a type the backend cannot load;
+    ``type_conflict``  the topic is already published or subscribed here (by any slot of either
+                       kind, or by the companion's own ``/diagnostics`` publisher) with another type;
+    ``qos_conflict``   the topic already has an entity of the same kind with another QoS, or the QoS
+                       dict holds values ROS 2 does not have;
+    ``message_too_large`` (via ``ros_error``) a subscribed message exceeds ``max_message``; the message
+                       is dropped and the report is rate-limited to one per slot per second.
+
+Subscriber counts
+    Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
+    (foreign subscribers only) and calls ``ros_sub_count(slot, count)`` when a slot's count differs
+    from the last one reported. The first report for a new slot waits up to
+    ``sub_count_grace_ms`` so that discovery of existing subscribers can complete, unless a
+    subscriber is already matched.
+"""
+
+import collections
+import logging
+import os
+import threading
+import time
+
+from . import diag
+from .errors import RosError
+from .names import check_topic, normalize_type
+from .qos import check_qos, qos_dict
+
+log = logging.getLogger("ros_side.companion")
+
+
+class _Entity:
+    __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
+                 "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes")
+
+    def __init__(self, kind, topic, ros_type, qos, now):
+        self.kind = kind
+        self.topic = topic
+        self.type = ros_type
+        self.qos = qos
+        self.handle = None
+        self.slots = set()
+        self.created = now
+        self.count = None
+        self.too_large = 0          # dropped since the last report (guarded by the queue lock)
+        self.too_large_size = 0
+        self.too_large_last = None  # now of the last report (loop thread)
+        self.msgs = 0
+        self.bytes = 0
+
+
+class Companion:
+    """``Companion(backend, sink, max_message)`` implements RosPort (see docs/DESIGN.md)."""
+
+    def __init__(self, backend, sink=None, max_message=64 * 1024 * 1024, *,
+                 queue_limit=1024, queue_bytes=64 * 1024 * 1024,
+                 sub_count_interval_ms=100, sub_count_grace_ms=200,
+                 too_large_interval_ms=1000, diagnostics_period_ms=1000,
+                 diagnostics_topic="/diagnostics", hardware_id="ubrb"):
+        self.backend = backend
+        self.sink = sink
+        self.distro = getattr(backend, "distro", "unknown")
+        self._max_message = int(max_message)
+        self._queue_limit = int(queue_limit)
+        self._queue_bytes_limit = int(queue_bytes)
+        self._count_interval = int(sub_count_interval_ms)
+        self._count_grace = int(sub_count_grace_ms)
+        self._too_large_interval = int(too_large_interval_ms)
+        self._diag_period = diagnostics_period_ms
+        self._diag_topic = diagnostics_topic
+        self._hardware_id = hardware_id
+        self._check_topic = getattr(backend, "check_topic", None) or check_topic
+
+        self._pub_slots = {}      # slot -> _Entity
+        self._sub_slots = {}
+        self._pubs = {}           # topic -> _Entity
+        self._subs = {}
+        self._reported = {}       # pub slot -> last count sent
+        self._too_large_waiting = set()  # entities with drops not yet reported (loop thread)
+
+        self._qlock = threading.Lock()
+        self._queue = collections.deque()
+        self._queued_bytes = 0
+        self._too_large_pending = set()
+        self._signalled = False
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+
+        self._now = None
+        self._next_count = None
+        self._next_diag = None
+        self._diag_handle = None
+        self._diag_failed = False
+        self._group_stats = {}    # "gateway" -> {...}, "link" -> {...}
+        self.stats = collections.OrderedDict(
+            (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
+                             "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
+                             "errors_sent", "results_ok", "diag_published", "sessions_reset"))
+
+    # -- wiring -------------------------------------------------------------------------------
+    def wake_fd(self):
+        """Read end of the wake pipe: readable when backend callbacks queued something."""
+        return self._rfd
+
+    def start(self):
+        """Direct mode: tell the gateway the ROS side is up (the link end does this otherwise)."""
+        self.sink.ros_up(self.distro, self._max_message)
+
+    def set_max_message(self, n):
+        """What the gateway can take (link: negotiated). Larger ROS messages: message_too_large."""
+        self._max_message = int(n)
+
+    def gateway_stats(self, stats):
+        """Latest gateway counters (a flat dict); merged into diagnostics()."""
+        self._group_stats["gateway"] = dict(stats)
+
+    def set_stats(self, group, stats):
+        """Counters of another part (e.g. ``"link"``), merged into diagnostics() as ``group.key``."""
+        self._group_stats[group] = dict(stats)
+
+    # -- RosPort ------------------------------------------------------------------------------
+    def max_message(self):
+        return self._max_message
+
+    def advertise(self, slot, topic, type, qos):  # noqa: A002 - DESIGN.md's parameter name
+        self._register("pub", slot, topic, type, qos)
+
+    def subscribe(self, slot, topic, type, qos):  # noqa: A002
+        self._register("sub", slot, topic, type, qos)
+
+    def unadvertise(self, slot):
+        self._release_slot("pub", slot)
+
+    def unsubscribe(self, slot):
+        self._release_slot("sub", slot)
+
+    def publish(self, slot, buf, off, n, reliable):
+        ent = self._pub_slots.get(slot)
+        if ent is None or ent.handle is None:
+            self.stats["pub_dropped"] += 1
+            return
+        data = bytes(memoryview(buf)[off:off + n])
+        try:
+            self.backend.publish(ent.handle, data)
+        except Exception as e:
+            self.stats["pub_errors"] += 1
+            log.warning("publish on %s failed: %s", ent.topic, e)
+            return
+        ent.msgs += 1
+        ent.bytes += n
+        self.stats["pub_msgs"] += 1
+        self.stats["pub_bytes"] += n
+
+    def reset(self):
+        """A gateway session ended for good: release every ROS object it made us create."""
+        for slot in list(self._pub_slots):
+            self._release_slot("pub", slot)
+        for slot in list(self._sub_slots):
+            self._release_slot("sub", slot)
+        with self._qlock:
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._too_large_pending.clear()
+        self._reported.clear()
+        self._too_large_waiting.clear()
+        self.stats["sessions_reset"] += 1
+
+    def close(self, close_backend=True):
+        self.reset()
+        if self._diag_handle is not None:
+            try:
+                self.backend.destroy_publisher(self._diag_handle)
+            except Exception:  # pragma: no cover
+                pass
+            self._diag_handle = None
+        if close_backend:
+            self.backend.close()
+        for fd in (self._rfd, self._wfd):
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+        self._rfd = self._wfd = -1
+
+    # -- registration -------------------------------------------------------------------------
+    def _result(self, kind, slot, code, message):
+        if code is None:
+            self.stats["results_ok"] += 1
+        else:
+            self.stats["errors_sent"] += 1
+        if self.sink is not None:
+            self.sink.ros_result(kind, slot, code, message)
+
+    def _register(self, kind, slot, topic, type_string, qos):
+        slots = self._pub_slots if kind == "pub" else self._sub_slots
+        same_kind = self._pubs if kind == "pub" else self._subs
+        other_kind = self._subs if kind == "pub" else self._pubs
+        try:
+            self._check_topic(topic)
+            ros_type = normalize_type(type_string)
+            q = check_qos(qos)
+        except RosError as e:
+            self._release_slot(kind, slot)
+            self._result(kind, slot, e.code, e.message)
+            return
+        old = slots.get(slot)
+        if old is not None:
+            if old.topic == topic and old.type == ros_type and old.qos == q:
+                self._result(kind, slot, None, "")  # re-sent registration (after ros_up)
+                return
+            self._release_slot(kind, slot)
+        try:
+            self._check_conflicts(kind, topic, ros_type, q, same_kind, other_kind)
+        except RosError as e:
+            self._result(kind, slot, e.code, e.message)
+            return
+        ent = same_kind.get(topic)
+        if ent is None:
+            ent = _Entity(kind, topic, ros_type, q, None)
+            try:
+                if kind == "pub":
+                    ent.handle = self.backend.create_publisher(topic, ros_type, qos_dict(q))
+                else:
+                    ent.handle = self.backend.create_subscription(
+                        topic, ros_type, qos_dict(q), self._callback_for(ent))
+            except RosError as e:
+                self._result(kind, slot, e.code, e.message)
+                return
+            except Exception as e:  # a backend that failed to load the type
+                log.exception("creating %s %s %s failed", kind, topic, ros_type)
+                self._result(kind, slot, "unknown_type", "%s: failed to load: %s" % (ros_type, e))
+                return
+            same_kind[topic] = ent
+        ent.slots.add(slot)
+        slots[slot] = ent
+        if kind == "pub":
+            self._reported.pop(slot, None)
+            self._next_count = None  # look at counts on the next poll
+        self._result(kind, slot, None, "")
+
+    def _check_conflicts(self, kind, topic, ros_type, q, same_kind, other_kind):
+        ent = same_kind.get(topic)
+        if ent is not None:
+            if ent.type != ros_type:
+                raise RosError("type_conflict", "%s is already %s here with type %s"
+                               % (topic, "published" if kind == "pub" else "subscribed", ent.type))
+            if ent.qos != q:
+                raise RosError("qos_conflict", "%s is already %s here with qos %s"
+                               % (topic, "published" if kind == "pub" else "subscribed",
+                                  qos_dict(ent.qos)))
+        other = other_kind.get(topic)
+        if other is not None and other.type != ros_type:
+            raise RosError("type_conflict", "%s is already %s here with type %s"
+                           % (topic, "subscribed" if kind == "pub" else "published", other.type))
+        if self._diag_period and topic == self._diag_topic and ros_type != diag.TYPE:
+            raise RosError("type_conflict", "%s is published by the companion with type %s"
+                           % (topic, diag.TYPE))
+
+    def _release_slot(self, kind, slot):
+        slots = self._pub_slots if kind == "pub" else self._sub_slots
+        ent = slots.pop(slot, None)
+        if kind == "pub":
+            self._reported.pop(slot, None)
+        if ent is None:
+            return
+        ent.slots.discard(slot)
+        if ent.slots:
+            return
+        same_kind = self._pubs if kind == "pub" else self._subs
+        if same_kind.get(ent.topic) is ent:
+            del same_kind[ent.topic]
+        handle, ent.handle = ent.handle, None
+        try:
+            if kind == "pub":
+                self.backend.destroy_publisher(handle)
+            else:
+                self.backend.destroy_subscription(handle)
+        except Exception:
+            log.exception("releasing %s %s failed", kind, ent.topic)
+
+    # -- backend thread -> loop thread ---------------------------------------------------------
+    def _callback_for(self, ent):
+        def on_message(data, ent=ent):
+            self._on_message(ent, data)
+        return on_message
+
+    def _on_message(self, ent, data):
+        """Any thread. Queue (bounded) and wake the loop."""
+        n = len(data)
+        with self._qlock:
+            if n > self._max_message:
+                ent.too_large += 1
+                ent.too_large_size = n
+                self.stats["too_large_drops"] += 1
+                self._too_large_pending.add(ent)
+            elif (len(self._queue) >= self._queue_limit
+                  or self._queued_bytes + n > self._queue_bytes_limit):
+                self.stats["queue_drops"] += 1
+                return
+            else:
+                self._queue.append((ent, data))
+                self._queued_bytes += n
+            if self._signalled:
+                return
+            self._signalled = True
+        try:
+            os.write(self._wfd, b"\x00")
+        except (BlockingIOError, OSError):
+            pass
+
+    # -- the loop ------------------------------------------------------------------------------
+    def poll(self, now=None):
+        """Drain queued messages into sink calls; report counts; publish diagnostics when due."""
+        if now is None:
+            now = int(time.monotonic() * 1000)
+        self._now = now
+        try:
+            while os.read(self._rfd, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        with self._qlock:
+            self._signalled = False
+            batch = self._queue
+            self._queue = collections.deque()
+            self._queued_bytes = 0
+            pending = self._too_large_pending
+            self._too_large_pending = set()
+        sink = self.sink
+        for ent, data in batch:
+            if ent.handle is None or sink is None:
+                continue
+            n = len(data)
+            ent.msgs += 1
+            ent.bytes += n
+            self.stats["sub_msgs"] += 1
+            self.stats["sub_bytes"] += n
+            for slot in tuple(ent.slots):
+                sink.ros_message(slot, data, 0, n)
+        self._too_large_waiting.update(pending)
+        for ent in tuple(self._too_large_waiting):
+            if self._report_too_large(ent, now):
+                self._too_large_waiting.discard(ent)
+        if self._next_count is None or now >= self._next_count:
+            self._next_count = now + self._count_interval
+            self._poll_counts(now)
+        if self._diag_period and (self._next_diag is None or now >= self._next_diag):
+            self._next_diag = now + int(self._diag_period)
+            self._publish_diagnostics()
+
+    def _report_too_large(self, ent, now):
+        """One ``message_too_large`` per entity (hence per slot) per ``too_large_interval_ms``."""
+        if ent.handle is None:
+            return True
+        last = ent.too_large_last
+        if last is not None and now - last < self._too_large_interval:
+            return False  # keep waiting; the count keeps growing meanwhile
+        with self._qlock:
+            dropped, size = ent.too_large, ent.too_large_size
+            ent.too_large = 0
+        if not dropped:
+            return True
+        ent.too_large_last = now
+        for slot in tuple(ent.slots):
+            self.stats["errors_sent"] += 1
+            if self.sink is not None:
+                self.sink.ros_error("sub", slot, "message_too_large",
+                                    "%s: a %d-byte message exceeds the %d-byte limit "
+                                    "(%d dropped since the last report)"
+                                    % (ent.topic, size, self._max_message, dropped))
+        return True
+
+    def _poll_counts(self, now):
+        for ent in list(self._pubs.values()):
+            if ent.handle is None:
+                continue
+            try:
+                count = int(self.backend.subscription_count(ent.handle))
+            except Exception:
+                continue
+            ent.count = count
+            if ent.created is None:
+                ent.created = now
+            if count == 0 and now - ent.created < self._count_grace:
+                continue
+            for slot in tuple(ent.slots):
+                if self._reported.get(slot) != count:
+                    self._reported[slot] = count
+                    if self.sink is not None:
+                        self.sink.ros_sub_count(slot, count)
+
+    # -- diagnostics ---------------------------------------------------------------------------
+    def diagnostics(self):
+        """Flat key -> value counters: the companion's own, then ``group.key`` for each group."""
+        with self._qlock:
+            qlen, qbytes = len(self._queue), self._queued_bytes
+        d = collections.OrderedDict()
+        d["backend"] = getattr(self.backend, "name", type(self.backend).__name__)
+        d["distro"] = self.distro
+        d["pub_slots"] = len(self._pub_slots)
+        d["sub_slots"] = len(self._sub_slots)
+        d["pub_topics"] = len(self._pubs)
+        d["sub_topics"] = len(self._subs)
+        d["queue_len"] = qlen
+        d["queue_bytes"] = qbytes
+        d["queue_fill_pct"] = (100 * qlen) // self._queue_limit if self._queue_limit else 0
+        d["max_message"] = self._max_message
+        d.update(self.stats)
+        cb_err = getattr(self.backend, "callback_errors", None)
+        if cb_err is not None:
+            d["backend_callback_errors"] = cb_err
+        for group, stats in self._group_stats.items():
+            for k, v in stats.items():
+                d["%s.%s" % (group, k)] = v
+        return d
+
+    def _diag_statuses(self):
+        d = self.diagnostics()
+        own = [(k, str(v)) for k, v in d.items() if "." not in k]
+        warn = d.get("queue_drops", 0) or d.get("too_large_drops", 0)
+        out = [(diag.WARN if warn else diag.OK, "ros_side: companion",
+                "messages dropped" if warn else "ok", self._hardware_id, own)]
+        for group in self._group_stats:
+            prefix = group + "."
+            vals = [(k[len(prefix):], str(v)) for k, v in d.items() if k.startswith(prefix)]
+            out.append((diag.OK, "ros_side: %s" % group, "ok", self._hardware_id, vals))
+        return out
+
+    def _publish_diagnostics(self):
+        if self._diag_failed:
+            return
+        if self._diag_handle is None:
+            try:
+                self._diag_handle = self.backend.create_publisher(
+                    self._diag_topic, diag.TYPE,
+                    {"reliability": "reliable", "durability": "volatile", "depth": 10})
+            except Exception as e:
+                self._diag_failed = True
+                log.warning("diagnostics disabled: cannot publish %s: %s", self._diag_topic, e)
+                return
+        t = time.time()
+        sec = int(t)
+        data = diag.encode_diagnostic_array(sec, int((t - sec) * 1e9), self._diag_statuses())
+        try:
+            self.backend.publish(self._diag_handle, data)
+            self.stats["diag_published"] += 1
+        except Exception as e:  # pragma: no cover
+            log.warning("diagnostics publish failed: %s", e)

@@ -1,0 +1,44 @@
+"""UBRB QoS dicts, normalised the same way for every backend.
+
+``{"reliability": "reliable"|"best_effort", "durability": "volatile"|"transient_local",
+"depth": N}``; history is always KEEP_LAST(depth). Missing keys take ROS 2's default profile
+(reliable, volatile, depth 10). Depth 0 becomes 1, as in rmw (depth 0 is
+``RMW_QOS_POLICY_DEPTH_SYSTEM_DEFAULT``, which rmw_cyclonedds maps to KEEP_LAST(1)), so two
+registrations that differ only by 0 vs 1 are the same QoS on the wire and do not conflict.
+A value outside these is refused with ``qos_conflict`` (the spec has no "invalid qos" code).
+"""
+
+from .errors import RosError
+
+DEFAULT = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+
+
+def normalize_qos(qos):
+    """-> (reliable: bool, transient_local: bool, depth >= 1); ValueError when not valid."""
+    qos = qos or {}
+    rel = qos.get("reliability", "reliable")
+    dur = qos.get("durability", "volatile")
+    depth = qos.get("depth", 10)
+    if rel not in ("reliable", "best_effort"):
+        raise ValueError("reliability must be 'reliable' or 'best_effort', not %r" % (rel,))
+    if dur not in ("volatile", "transient_local"):
+        raise ValueError("durability must be 'volatile' or 'transient_local', not %r" % (dur,))
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0 or depth > 0x7FFFFFFF:
+        raise ValueError("depth must be an integer 0..2**31-1, not %r" % (depth,))
+    return rel == "reliable", dur == "transient_local", max(1, depth)
+
+
+def check_qos(qos):
+    """normalize_qos, raising RosError('qos_conflict') instead of ValueError."""
+    try:
+        return normalize_qos(qos)
+    except ValueError as e:
+        raise RosError("qos_conflict", "unsupported qos: %s" % e)
+
+
+def qos_dict(norm):
+    """The normalised tuple back as a UBRB qos dict."""
+    reliable, transient_local, depth = norm
+    return {"reliability": "reliable" if reliable else "best_effort",
+            "durability": "transient_local" if transient_local else "volatile",
+            "depth": depth}

@@ -1,0 +1,79 @@
+"""Helpers of the companion's tests (imported as ``ros_helpers``; conftest.py imports it first).
+
+Every DDS participant these tests create (in this process and in the subprocesses they start,
+which inherit the environment) is confined to loopback by CYCLONEDDS_URI, set here before any
+cyclonedds domain exists. Each pytest run uses its own DDS domain id so parallel runs on one
+machine do not see each other.
+"""
+
+import os
+import sys
+import time
+
+LOOPBACK_XML = (
+    '<CycloneDDS><Domain><General><Interfaces><NetworkInterface name="lo"/></Interfaces>'
+    '<AllowMulticast>false</AllowMulticast></General><Discovery>'
+    '<ParticipantIndex>auto</ParticipantIndex><MaxAutoParticipantIndex>50</MaxAutoParticipantIndex>'
+    '<Peers><Peer address="127.0.0.1"/></Peers></Discovery></Domain></CycloneDDS>'
+)
+
+# Always ours: a user's own CYCLONEDDS_URI might allow traffic to leave the machine.
+os.environ["CYCLONEDDS_URI"] = LOOPBACK_XML
+os.environ.pop("ROS_LOCALHOST_ONLY", None)
+os.environ.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
+# Domain ids 0..232 are valid; keep clear of 0 (the usual ROS domain) and of the low ids.
+TEST_DOMAIN = int(os.environ.get("UBRB_TEST_DOMAIN", str(100 + os.getpid() % 120)))
+os.environ["ROS_DOMAIN_ID"] = str(TEST_DOMAIN)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+class RecordingSink:
+    """A scripted GatewaySink: records every call as a tuple."""
+
+    def __init__(self):
+        self.calls = []
+
+    def ros_up(self, distro, max_message):
+        self.calls.append(("up", distro, max_message))
+
+    def ros_down(self):
+        self.calls.append(("down",))
+
+    def ros_result(self, kind, slot, code, message):
+        self.calls.append(("result", kind, slot, code, message))
+
+    def ros_error(self, kind, slot, code, message):
+        self.calls.append(("error", kind, slot, code, message))
+
+    def ros_message(self, slot, buf, off, n):
+        self.calls.append(("message", slot, bytes(memoryview(buf)[off:off + n])))
+
+    def ros_sub_count(self, slot, count):
+        self.calls.append(("count", slot, count))
+
+    def of(self, kind):
+        return [c for c in self.calls if c[0] == kind]
+
+    def results(self):
+        return [(c[1], c[2], c[3]) for c in self.of("result")]
+
+    def messages(self, slot=None):
+        return [c[2] for c in self.of("message") if slot is None or c[1] == slot]
+
+    def counts(self, slot):
+        return [c[2] for c in self.of("count") if c[1] == slot]
+
+
+def wait_for(cond, timeout=5.0, step=0.005, poll=None):
+    """Poll ``cond`` (calling ``poll()`` first each round) until true; return its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        if poll is not None:
+            poll()
+        v = cond()
+        if v or time.monotonic() >= end:
+            return v
+        time.sleep(step)
