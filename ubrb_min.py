@@ -942,6 +942,7 @@ class Gateway:
             c.sub_slot[free] = slot
             c.sub_reliable[free] = table.reliable[slot]
             c.sub_refs[slot] += 1
+            self._local_subs_changed(topic)
         if created and self.ros_ready:
             if pub:
                 self.ros.advertise(slot, topic, type_, qos)
@@ -967,8 +968,24 @@ class Gateway:
         if self.pubs.release(slot) and self.ros_ready:
             self.ros.unadvertise(slot)
 
+    def _local_subs_changed(self, topic):
+        """Publishers of `topic` see a new count: local subscribers are part of it."""
+        slot = self.pubs.find(topic)
+        if slot >= 0 and self.pubs.count[slot] >= 0:
+            self._mark_counts(slot)
+
+    def _mark_counts(self, slot):
+        for c in self.clients:
+            if c.state == S_FREE:
+                continue
+            for i in range(c.max_pubs):
+                if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
+                    c.counts_dirty = True
+                    break
+
     def _release_sub(self, c, slot):
         c.sub_refs[slot] -= 1
+        self._local_subs_changed(self.subs.topic[slot])
         if self.subs.release(slot) and self.ros_ready:
             self.ros.unsubscribe(slot)
 
@@ -997,8 +1014,14 @@ class Gateway:
         counts = {}
         for i in range(c.max_pubs):
             if c.pub_id[i] >= 0:
-                n = self.pubs.count[c.pub_slot[i]]
+                slot = c.pub_slot[i]
+                n = self.pubs.count[slot]
                 if n >= 0:
+                    # The companion counts foreign ROS subscribers only; clients of this gateway
+                    # subscribed to the same topic listen too, through its one shared reader.
+                    j = self.subs.find(self.pubs.topic[slot])
+                    if j >= 0:
+                        n += self.subs.refs[j]
                     counts[str(c.pub_id[i])] = n
         c.counts_dirty = False
         c.counts_sent_ms = now
@@ -1047,7 +1070,10 @@ class Gateway:
                         c.sub_id[j] = -1
                         c.sub_refs[slot] -= 1
                         table.refs[slot] -= 1
+        topic = table.topic[slot]
         table.free(slot)  # the ROS side holds nothing for it: no unadvertise needed
+        if kind == "sub":
+            self._local_subs_changed(topic)
 
     def ros_error(self, kind, slot, code, message):
         table = self.pubs if kind == "pub" else self.subs
@@ -1091,13 +1117,7 @@ class Gateway:
         if self.pubs.count[slot] == count:
             return
         self.pubs.count[slot] = count
-        for c in self.clients:
-            if c.state == S_FREE:
-                continue
-            for i in range(c.max_pubs):
-                if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                    c.counts_dirty = True
-                    break
+        self._mark_counts(slot)
 
     # -- statistics --------------------------------------------------------------------------
     def counters(self):

@@ -196,3 +196,20 @@ def test_ros_error_during_publish_goes_to_the_publishing_client_only():
     b.send(publish(2, b"big"))
     assert b.errors() == [("message_too_large", 2)]
     assert a.errors() == []
+
+
+def test_clients_of_this_gateway_count_as_subscribers():
+    # The companion reports foreign ROS subscribers only; a UE client listening to the same topic
+    # through this gateway is a subscriber too, or the publishing client would skip its data.
+    gw, ros = gateway()
+    a, b = ready(gw, 2)
+    a.send(advertise(1, "/cmd_vel"))
+    gw.ros_sub_count(gw.pubs.find("/cmd_vel"), 0)
+    gw.tick(1000)
+    assert a.json_frames(U.OP_SUB_COUNT) == [{"counts": {"1": 0}}]
+    b.send(subscribe(2, "/cmd_vel"))
+    gw.tick(2000)
+    assert a.json_frames(U.OP_SUB_COUNT) == [{"counts": {"1": 1}}]
+    b.close()
+    gw.tick(3000)
+    assert a.json_frames(U.OP_SUB_COUNT) == [{"counts": {"1": 0}}]
