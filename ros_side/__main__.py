@@ -1,23 +1,226 @@
-"""``python -m ros_side`` / ``ros2 run ros_side ros_side`` — STUB: the lead wires the link and
-direct mode here (see ARCHITECTURE.md "Command-line surface"); the ROS options and the
-Companion construction are ready in ``ros_side.cli``."""
+"""``python -m ros_side`` / ``ros2 run ros_side ros_side``: the companion node.
+
+Link mode (default): holds the companion's end of the link to a gateway::
+
+    python -m ros_side --link udp://0.0.0.0:8269
+    python -m ros_side --link serial:/dev/ttyACM0 --baud 921600
+
+Direct mode: runs the gateway core in-process and serves UBRB clients itself, no link::
+
+    python -m ros_side --listen 0.0.0.0:8268
+"""
+
+from __future__ import annotations
 
 import argparse
+import logging
+import selectors
+import signal
 import sys
+import time
+from typing import Any, List, Optional
 
-from .cli import add_arguments, strip_ros_args
+from .cli import add_arguments, make_companion, strip_ros_args
+
+log = logging.getLogger("ros_side")
+
+DEFAULT_LINK = "udp://0.0.0.0:8269"
+STATS_PERIOD_MS = 1000
 
 
-def main(argv=None):
-    argv = strip_ros_args(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="ros_side", description="UBRB companion (ROS 2 side)")
-    p.add_argument("--link", help="udp://HOST:PORT or serial:PATH")
-    p.add_argument("--baud", type=int, default=None)
-    p.add_argument("--listen", help="direct mode: HOST:PORT")
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _core() -> Any:
+    # ubrb_min.py sits at the repository root (or is installed next to this package).
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import ubrb_min
+
+    return ubrb_min
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ports.cpython.gateway import LIMIT_HELP
+
+    core = _core()
+    p = argparse.ArgumentParser(
+        prog="python -m ros_side",
+        description=(
+            "UBRB companion node: owns the ROS 2 publishers and subscriptions for a UBRB gateway, "
+            "reached over a UDP or serial link (--link), or serves UBRB clients itself (--listen)."
+        ),
+    )
+    m = p.add_argument_group("mode")
+    m.add_argument(
+        "--link",
+        default=None,
+        metavar="URL",
+        help=f"udp://HOST:PORT to bind, or serial:PATH (any pyserial URL); default {DEFAULT_LINK}",
+    )
+    m.add_argument("--baud", type=int, default=115200, help="serial baud rate (default 115200)")
+    m.add_argument(
+        "--link-mtu", type=int, default=1400, metavar="BYTES", help="largest UDP datagram (1400)"
+    )
+    m.add_argument(
+        "--listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="direct mode: serve UBRB clients on this TCP address, no gateway host",
+    )
+    d = p.add_argument_group("direct mode limits")
+    d.add_argument("--profile", default="pc", choices=sorted(core.PROFILES), help="default pc")
+    for key, text in LIMIT_HELP.items():
+        d.add_argument("--" + key.replace("_", "-"), type=int, default=None, metavar="N", help=text)
     add_arguments(p)
-    p.parse_args(argv)
-    sys.stderr.write("ros_side: the link/direct-mode loop is not wired yet\n")
-    return 2
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return p
+
+
+class CompanionPump:
+    """Lets a selectors loop drive the companion: its wake pipe, and a poll on every tick."""
+
+    def __init__(self, companion: Any) -> None:
+        self.companion = companion
+
+    def fileno(self) -> int:
+        return int(self.companion.wake_fd())
+
+    def on_readable(self, now: int) -> None:
+        self.companion.poll(now)
+
+    def tick(self, now: int) -> None:
+        self.companion.poll(now)
+
+    def flush(self, now: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.companion.close()
+
+
+def run_direct(args: argparse.Namespace) -> int:
+    core = _core()
+    from ports.cpython.gateway import GatewayServer, make_logger, parse_hostport, profile_from_args
+
+    try:
+        profile = profile_from_args(args)
+    except ValueError as e:
+        print(f"ros_side: {e}", file=sys.stderr)
+        return 2
+    for line in core.format_budget(args.profile, profile).splitlines():
+        log.info(line)
+    companion = make_companion(args, None, profile["max_payload"])
+    gw = core.Gateway(profile, ros=companion, log=make_logger())
+    try:
+        server = GatewayServer(gw, parse_hostport(args.listen), link=CompanionPump(companion))
+    except OSError as e:
+        companion.close()
+        print(f"ros_side: cannot listen on {args.listen}: {e}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGINT, server.stop)
+    signal.signal(signal.SIGTERM, server.stop)
+    companion.start()  # tells the gateway core the ROS side is up (distro, max message)
+    log.info(
+        "direct mode: UBRB bridge on %s:%d, %s backend (%s)",
+        server.address[0],
+        server.address[1],
+        type(companion.backend).__name__,
+        companion.distro,
+    )
+    last_stats = 0
+
+    def until() -> bool:
+        nonlocal last_stats
+        now = now_ms()
+        if now - last_stats >= STATS_PERIOD_MS:
+            last_stats = now
+            companion.gateway_stats(gw.counters())
+        return False
+
+    server.serve(until)
+    log.info("stopped; gateway counters: %s", gw.counters())
+    return 0
+
+
+def run_link(args: argparse.Namespace) -> int:
+    from ports.cpython.link_transport import open_companion_link
+
+    companion = make_companion(args, None)
+    try:
+        end, driver = open_companion_link(args.link, companion, baud=args.baud, mtu=args.link_mtu)
+    except (OSError, ValueError) as e:
+        companion.close()
+        print(f"ros_side: cannot open link {args.link}: {e}", file=sys.stderr)
+        return 1
+    companion.sink = end
+    running = [True]
+
+    def stop(*_: Any) -> None:
+        running[0] = False
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    sel = selectors.DefaultSelector()
+    sel.register(companion.wake_fd(), selectors.EVENT_READ, "companion")
+    link_fd = -1
+    log.info(
+        "companion on link %s, %s backend (%s)",
+        args.link,
+        type(companion.backend).__name__,
+        companion.distro,
+    )
+    last_stats = 0
+    try:
+        while running[0]:
+            fd = driver.fileno()
+            if fd != link_fd:  # a serial device may come back under a new descriptor
+                if link_fd >= 0:
+                    sel.unregister(link_fd)
+                if fd >= 0:
+                    sel.register(fd, selectors.EVENT_READ, "link")
+                link_fd = fd
+            for key, _ in sel.select(0.02):
+                now = now_ms()
+                if key.data == "link":
+                    driver.on_readable(now)
+                else:
+                    companion.poll(now)
+            now = now_ms()
+            companion.poll(now)
+            driver.tick(now)
+            driver.flush(now)
+            if now - last_stats >= STATS_PERIOD_MS:
+                last_stats = now
+                companion.set_stats("link", driver.counters())
+    finally:
+        driver.close()
+        companion.close()
+        sel.close()
+    log.info("stopped; link counters: %s", driver.counters())
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = strip_ros_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.listen and args.link:
+        print("ros_side: choose --link (companion) or --listen (direct mode), not both", file=sys.stderr)
+        return 2
+    if args.listen:
+        return run_direct(args)
+    args.link = args.link or DEFAULT_LINK
+    return run_link(args)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 import ubrb_min as U
 from scripted import advertise, hello, publish
 
-CPYTHON_ONLY = set()
+CPYTHON_ONLY: set = set()
 
 
 def decoder(max_bulk=1024, max_control=256):

