@@ -190,6 +190,13 @@ def human_bytes(n):
 # ---------------------------------------------------------------------------------------------
 # Byte helpers (allocation-free on both runtimes)
 # ---------------------------------------------------------------------------------------------
+def new_buffer(n):
+    """Every large buffer of the core comes from here, once, at start-up. A port may replace it:
+    the CPython port maps big ones from anonymous memory, so a 128 MiB queue reserves address
+    space at start but costs RAM only as far as it is ever filled."""
+    return bytearray(n)
+
+
 def get_u32(b, o):
     # Caller guarantees the value is < 2**30 where it matters (lengths are capped far below).
     return b[o] | (b[o + 1] << 8) | (b[o + 2] << 16) | (b[o + 3] << 24)
@@ -264,7 +271,7 @@ class FrameDecoder:
         self.bulk_op = bulk_op
         self.allowed = allowed_ops
         self.cap = HDR + max(max_bulk, max_control)
-        self.buf = bytearray(self.cap)
+        self.buf = new_buffer(self.cap)
         self.fill = 0  # bytes held
         self.pos = 0  # start of the first frame not yet returned
         self.skip = 0  # length of the frame returned by the last next(), released on the next call
@@ -356,7 +363,7 @@ class SendQueue:
         self.cap = cap
         self.reserve = reserve
         self.owner = owner
-        self.buf = bytearray(cap)
+        self.buf = new_buffer(cap)
         self.head = 0  # first unsent byte
         self.tail = 0  # end of queued bytes
         self.walk = 0  # first frame boundary >= head: frames from here on are wholly unsent

@@ -128,7 +128,7 @@ def run_direct(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, server.stop)
     companion.start()  # tells the gateway core the ROS side is up (distro, max message)
     log.info(
-        "direct mode: UBRB bridge on %s:%d, %s backend (%s)",
+        "direct mode: UBRB bridge on %s:%d, backend %s (%s)",
         server.address[0],
         server.address[1],
         type(companion.backend).__name__,
@@ -171,7 +171,7 @@ def run_link(args: argparse.Namespace) -> int:
     sel.register(companion.wake_fd(), selectors.EVENT_READ, "companion")
     link_fd = -1
     log.info(
-        "companion on link %s, %s backend (%s)",
+        "companion on link %s, backend %s (%s)",
         args.link,
         type(companion.backend).__name__,
         companion.distro,
