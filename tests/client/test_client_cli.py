@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import yaml
-from tests.client.client_fakebridge import FakeServer
+from client_fakebridge import FakeServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -4,7 +4,7 @@ import time
 
 from tests.client import client_wire as W
 import pytest
-from tests.client.client_fakebridge import FakeServer
+from client_fakebridge import FakeServer
 
 from ubrb_client import Client
 
