@@ -11,6 +11,18 @@
 #   * every buffer and table is allocated in a constructor from the profile and never grows.
 import sys
 import json
+import struct
+
+try:  # binascii.crc32 is C code on CPython and on every MicroPython port we target
+    from binascii import crc32 as _lk_crc32
+except ImportError:  # pragma: no cover - slow bitwise fallback, same results
+    def _lk_crc32(data, crc=0):  # type: ignore[misc]
+        crc = ~crc & 0xFFFFFFFF
+        for c in data:
+            crc ^= c
+            for _ in range(8):
+                crc = (crc >> 1) ^ (0xEDB88320 & -(crc & 1))
+        return ~crc & 0xFFFFFFFF
 
 try:  # type hints are for mypy on CPython; MicroPython has no typing module
     from typing import Any, Dict, List, Optional  # noqa: F401
@@ -1171,6 +1183,1154 @@ def _parse_qos(q, id_):
 
 def _qos_text(q):
     return "%s/%s/depth %d" % (q["reliability"], q["durability"], q["depth"])
+
+
+# ---------------------------------------------------------------------------
+# Link: gateway <-> companion over serial or UDP (sans-IO).  Layout and
+# reasoning: docs/LINK.md.  Self-contained section: it only needs struct,
+# sys, json and (optionally) binascii; no sockets, clocks or threads.
+# Time `now` is an int of milliseconds; bytes travel as (buf, off, n).
+# ---------------------------------------------------------------------------
+_LK_MP = IS_MICROPYTHON
+
+LK_VERSION = 1
+LK_SYNC0 = 0xA5
+LK_SYNC1 = 0x4E
+_LK_SYNC = b"\xa5\x4e"
+LK_HDR = 8          # sync(2) len(2) ctl(1) hck(1) seq(1) ack(1)
+LK_OVH = 12         # header + CRC-32
+LK_RESIDUE = 0x2144DF1C  # CRC-32 of (frame + its own CRC, LE): a small int on MicroPython
+LK_RHDR_MAX = 8     # record header: type(1) slot varint(<=3) len varint(<=4)
+
+# frame kinds (low nibble of ctl)
+LK_HELLO = 1
+LK_REL = 2
+LK_BE = 3
+LK_ACK = 4
+LK_BEFRAG = 5
+LK_NAK = 0x10       # ctl flag: "I miss frame <ack>"
+
+# results of LinkSession.send
+LK_OK = 0
+LK_TOO_LARGE = 1
+LK_FULL = 2
+LK_DOWN = 3
+
+# timers (ms); see docs/LINK.md "Timers"
+LK_HELLO_MS = 250
+LK_HB_MS = 400
+LK_DEAD_MS = 2000
+LK_RTO_INIT = 500
+LK_RTO_MIN = 40
+LK_RTO_MAX = 2000
+LK_FRAG_MS = 2000
+LK_ACK_REP_MS = 30
+LK_WMAX = 32        # largest window; frame table has 64 entries indexed by seq & 63
+
+# record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
+LK_T_ADV = 1
+LK_T_UNADV = 2
+LK_T_SUB = 3
+LK_T_UNSUB = 4
+LK_T_PUB = 5
+LK_T_MSG = 6
+LK_T_RESULT = 7
+LK_T_ERROR = 8
+LK_T_SUBCOUNT = 9
+LK_T_CHELLO = 10
+LK_T_STATS = 11
+LK_STATS_SLOT = 0xFFFF
+
+
+def _lk_t8():
+    # CRC-8 (poly 0x07) table for the 1-byte header check
+    t = bytearray(256)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = ((c << 1) ^ 0x07) & 0xFF if c & 0x80 else (c << 1) & 0xFF
+        t[i] = c
+    return bytes(t)
+
+
+_LK_T8 = _lk_t8()
+
+
+def lk_hck(b0, b1, b2):
+    t = _LK_T8
+    return t[t[t[0xFF ^ b0] ^ b1] ^ b2]
+
+
+if _LK_MP:
+    def _lk_copy(dst, doff, src, soff, n):
+        # memoryview slices allocate on MicroPython: plain loop instead
+        if dst is src and doff > soff:
+            i = n - 1
+            while i >= 0:
+                dst[doff + i] = src[soff + i]
+                i -= 1
+        else:
+            for i in range(n):
+                dst[doff + i] = src[soff + i]
+else:
+    def _lk_copy(dst, doff, src, soff, n):
+        memoryview(dst)[doff:doff + n] = memoryview(src)[soff:soff + n]
+
+
+def _lk_crc(buf, off, n, seed):
+    if off == 0 and n == len(buf):
+        return _lk_crc32(buf, seed)
+    return _lk_crc32(memoryview(buf)[off:off + n], seed)
+
+
+def _lk_varlen(v):
+    n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+def _lk_putvar(b, p, v):
+    while v >= 0x80:
+        b[p] = (v & 0x7F) | 0x80
+        v >>= 7
+        p += 1
+    b[p] = v
+    return p + 1
+
+
+def _lk_ring_put(ring, pos, src, soff, n):
+    cap = len(ring)
+    k = cap - pos
+    if k >= n:
+        _lk_copy(ring, pos, src, soff, n)
+    else:
+        _lk_copy(ring, pos, src, soff, k)
+        _lk_copy(ring, 0, src, soff + k, n - k)
+
+
+def _lk_ring_get(dst, doff, ring, pos, n):
+    cap = len(ring)
+    k = cap - pos
+    if k >= n:
+        _lk_copy(dst, doff, ring, pos, n)
+    else:
+        _lk_copy(dst, doff, ring, pos, k)
+        _lk_copy(dst, doff + k, ring, 0, n - k)
+
+
+_LK_COUNTERS = (
+    "rx_frames", "tx_frames", "rx_bytes", "tx_bytes", "crc_err", "hdr_err", "resync",
+    "noise", "retx", "timeouts", "fast_retx", "dup", "ooo", "drop_be", "drop_be_down",
+    "drop_rel_full", "drop_down", "too_large", "rel_reset_bytes", "frag_tx", "frag_rx",
+    "frag_drop", "up", "down", "new", "hello_tx", "hello_rx", "proto", "stale", "trunc")
+
+
+class LinkSession:
+    """One end of the link.  handler gets link_up(fresh), link_down() and
+    link_message(type, slot, buf, off, n, reliable); buf is only valid during
+    the call."""
+
+    def __init__(self, handler, epoch, gateway=True, datagram=False,
+                 max_frame=1024, max_message=16384, window=8,
+                 rel_bytes=65536, be_bytes=32768, max_slots=256):
+        if max_frame < 64 or max_frame > 65535:
+            raise ValueError("max_frame")
+        if max_message >= 1 << 24:
+            raise ValueError("max_message")
+        self.handler = handler
+        self.epoch = (epoch & 0xFFFFFFFF) or 1
+        self.gw = gateway
+        self.dgram = datagram
+        self.max_frame = max_frame
+        self.max_message = max_message
+        self.window = max(1, min(window, LK_WMAX))
+        self.max_slots = max_slots
+        self.tx_buf = bytearray(max_frame)
+        self.tx_mv = memoryview(self.tx_buf)
+        self.rx = bytearray(2 * max_frame)          # stream mode only
+        self.asm = bytearray(max_message + LK_RHDR_MAX)   # reliable record assembly
+        self.basm = bytearray(max_message + LK_RHDR_MAX)  # best-effort reassembly
+        self.rel = bytearray(rel_bytes)             # reliable send ring (wire records)
+        self.rel_res = min(4096, rel_bytes // 4)    # reserved for control records
+        self.be = bytearray(be_bytes)               # best-effort ring (6-byte tag + record)
+        self.be_last = [-1] * (max_slots + 1)
+        self.f_off = [0] * 64
+        self.f_len = [0] * 64
+        self.f_t = [0] * 64
+        self.f_retx = bytearray(64)
+        self.hb = bytearray(LK_RHDR_MAX)
+        self.tag = bytearray(6)
+        # counters (plain ints: increments allocate nothing)
+        self.c_rx_frames = self.c_tx_frames = self.c_rx_bytes = self.c_tx_bytes = 0
+        self.c_crc_err = self.c_hdr_err = self.c_resync = self.c_noise = 0
+        self.c_retx = self.c_timeouts = self.c_fast_retx = self.c_dup = self.c_ooo = 0
+        self.c_drop_be = self.c_drop_be_down = self.c_drop_rel_full = 0
+        self.c_drop_down = self.c_too_large = self.c_rel_reset_bytes = 0
+        self.c_frag_tx = self.c_frag_rx = self.c_frag_drop = 0
+        self.c_up = self.c_down = self.c_new = self.c_hello_tx = self.c_hello_rx = 0
+        self.c_proto = self.c_stale = self.c_trunc = 0
+        self.now = 0
+        self.state = 0            # 0 handshaking/down, 1 up
+        self.peer_epoch = 0
+        self.seed = 0
+        self.p_frame = 0
+        self.p_msg = 0
+        self.p_win = 1
+        self.fresh = True
+        self.hello_at = 0
+        self.hello_reply = False
+        self.last_rx = 0
+        self.last_tx = 0
+        self.srtt = 0
+        self.rttvar = 0
+        self.rto = LK_RTO_INIT
+        self.rx_n = 0
+        self.r_total = 0
+        self._reset_stream()
+
+    # ---- state ---------------------------------------------------------
+    def _reset_stream(self):
+        # a new peer incarnation: nothing of the old stream may leak into it
+        self.c_rel_reset_bytes += self.r_total
+        self.una = self.nxt = self.snd = 0
+        self.r_head = self.r_total = self.r_framed = 0
+        self.r_exp = 0
+        self.ack_pending = False
+        self.ack_rep = 0
+        self.nak_pending = False
+        self.nak_for = -1
+        self.nak_t = 0
+        self.gb_t = -100000
+        self.asm_n = 0
+        self.asm_need = 0
+        self.asm_h = 0
+        self.asm_t = self.asm_s = self.asm_l = 0
+        self.skip = 0
+        self.b_active = False
+        self.b_total = self.b_n = self.b_seq = self.b_t = 0
+        self.be_head = self.be_n = self.be_live = self.be_frag = 0
+        self.be_seq = 0
+        self.be_hi = 255
+        self.be_mask = 0
+        for i in range(len(self.be_last)):
+            self.be_last[i] = -1
+        self.turn = 0
+
+    def is_up(self):
+        return self.state == 1
+
+    def max_send(self):
+        """Largest message send() accepts in both classes right now."""
+        m = self.p_msg
+        r = len(self.rel) - self.rel_res - LK_RHDR_MAX
+        b = len(self.be) - 6 - LK_RHDR_MAX
+        if r < m:
+            m = r
+        if b < m:
+            m = b
+        return m if m > 0 else 0
+
+    def counters(self):
+        d = {}
+        for k in _LK_COUNTERS:
+            d[k] = getattr(self, "c_" + k)
+        d["is_up"] = self.state
+        d["rel_queued"] = self.r_total
+        d["be_queued"] = self.be_n
+        d["srtt_ms"] = self.srtt
+        d["rto_ms"] = self.rto
+        return d
+
+    # ---- sending -----------------------------------------------------------
+    def send(self, t, slot, buf, off, n, reliable, control=False):
+        """Queue one message; LK_OK or LK_TOO_LARGE / LK_FULL / LK_DOWN."""
+        if self.peer_epoch == 0:
+            self.c_drop_down += 1
+            return LK_DOWN
+        if n > self.max_send():
+            self.c_too_large += 1
+            return LK_TOO_LARGE
+        hb = self.hb
+        hb[0] = t
+        h = _lk_putvar(hb, 1, slot)
+        h = _lk_putvar(hb, h, n)
+        need = h + n
+        if n + h > self.p_frame - LK_OVH:
+            self.c_frag_tx += 1
+        if reliable:
+            cap = len(self.rel)
+            lim = cap if control else cap - self.rel_res
+            if self.r_total + need > lim:
+                self.c_drop_rel_full += 1
+                return LK_FULL
+            pos = self.r_head + self.r_total
+            if pos >= cap:
+                pos -= cap
+            _lk_ring_put(self.rel, pos, hb, 0, h)
+            pos += h
+            if pos >= cap:
+                pos -= cap
+            _lk_ring_put(self.rel, pos, buf, off, n)
+            self.r_total += need
+            return LK_OK
+        if self.state != 1:
+            self.c_drop_be_down += 1
+            return LK_DOWN
+        be = self.be
+        cap = len(be)
+        key = slot if slot < self.max_slots else self.max_slots
+        old = self.be_last[key]
+        if old >= 0:                      # newest wins: the pending one dies
+            be[old] = 0
+            self.be_live -= 1
+            self.be_last[key] = -1
+            self.c_drop_be += 1
+        tot = 6 + need
+        while cap - self.be_n < tot:      # full: drop the oldest
+            if self._be_pop():
+                self.c_drop_be += 1
+        pos = self.be_head + self.be_n
+        if pos >= cap:
+            pos -= cap
+        self.be_last[key] = pos
+        tag = self.tag                    # live, key(2), record length(3)
+        tag[0] = 1
+        tag[1] = key & 0xFF
+        tag[2] = key >> 8
+        tag[3] = need & 0xFF
+        tag[4] = (need >> 8) & 0xFF
+        tag[5] = need >> 16
+        _lk_ring_put(be, pos, tag, 0, 6)
+        p = pos + 6
+        if p >= cap:
+            p -= cap
+        _lk_ring_put(be, p, hb, 0, h)
+        p += h
+        if p >= cap:
+            p -= cap
+        _lk_ring_put(be, p, buf, off, n)
+        self.be_n += tot
+        self.be_live += 1
+        return LK_OK
+
+    def _be_pop(self):
+        # drop the head record of the best-effort ring; True if it was live
+        be = self.be
+        cap = len(be)
+        h = self.be_head
+        live = be[h]
+        key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
+        w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
+        if self.be_last[key] == h:
+            self.be_last[key] = -1
+        if live:
+            self.be_live -= 1
+        h += 6 + w
+        self.be_head = h % cap
+        self.be_n -= 6 + w
+        self.be_frag = 0
+        return live
+
+    def _head(self, kind, seq, n_body):
+        # fill sync/len/ctl/hck/seq/ack; returns total frame length
+        b = self.tx_buf
+        L = n_body + LK_OVH
+        ctl = kind
+        if self.nak_pending and kind != LK_HELLO:
+            ctl |= LK_NAK
+            self.nak_pending = False
+        b[0] = LK_SYNC0
+        b[1] = LK_SYNC1
+        b[2] = L & 0xFF
+        b[3] = L >> 8
+        b[4] = ctl
+        b[5] = lk_hck(b[2], b[3], ctl)
+        b[6] = seq
+        b[7] = self.r_exp
+        return L
+
+    def _seal(self, L, seed, now):
+        # On MicroPython the slice (16 B) and, 3 times in 4, the CRC value (a big int,
+        # 32 B) are the only allocations of a sent frame; pack_into takes the big int
+        # as is (c & 0xFF etc. would each allocate another one).
+        struct.pack_into("<I", self.tx_buf, L - 4, _lk_crc32(self.tx_mv[0:L - 4], seed))
+        self.last_tx = now
+        if self.ack_pending:
+            # repeat a fresh ack once if nothing else follows it: a lost pure ACK
+            # would otherwise stall the sender until its RTO
+            self.ack_rep = now + LK_ACK_REP_MS
+        self.ack_pending = False
+        self.c_tx_frames += 1
+        self.c_tx_bytes += L
+        return L
+
+    def _hello(self, now):
+        b = self.tx_buf
+        L = self._head(LK_HELLO, 0, 18)
+        b[8] = LK_VERSION
+        b[9] = 0 if self.gw else 1
+        struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
+                         self.max_frame, self.max_message, self.window,
+                         0 if self.state == 1 else 1)
+        self.hello_reply = False
+        self.hello_at = now + LK_HELLO_MS
+        self.c_hello_tx += 1
+        return self._seal(L, 0, now)
+
+    def poll_tx(self, now):
+        """Build the next frame in tx_buf; returns its length (0: nothing)."""
+        self.now = now
+        if self.state != 1:
+            if now - self.hello_at >= 0 or self.hello_reply:
+                return self._hello(now)
+            return 0
+        if self.hello_reply:
+            return self._hello(now)
+        self._timer(now)
+        rel = self.snd != self.nxt or (self.r_total > self.r_framed and
+                                       ((self.nxt - self.una) & 255) < self.p_win)
+        if rel and (self.turn == 0 or self.be_live == 0):
+            self.turn = 1
+            return self._rel_frame(now)
+        if self.be_live > 0:
+            self.turn = 0
+            return self._be_frame(now)
+        if self.ack_pending or self.nak_pending or now - self.last_tx >= LK_HB_MS or \
+                (self.ack_rep and now - self.ack_rep >= 0):
+            self.ack_rep = 0
+            return self._seal(self._head(LK_ACK, 0, 0), self.seed, now)
+        return 0
+
+    def _rel_frame(self, now):
+        s = self.snd
+        i = s & 63
+        if s == self.nxt:                    # new frame: as much as fits
+            n = self.r_total - self.r_framed
+            m = self.p_frame - LK_OVH
+            if n > m:
+                n = m
+            pos = self.r_head + self.r_framed
+            cap = len(self.rel)
+            if pos >= cap:
+                pos -= cap
+            self.f_off[i] = pos
+            self.f_len[i] = n
+            self.f_retx[i] = 0
+            self.r_framed += n
+            self.nxt = (s + 1) & 255
+        else:                                # go-back-N: same boundaries as before
+            self.f_retx[i] = 1
+            self.c_retx += 1
+            n = self.f_len[i]
+        L = self._head(LK_REL, s, n)
+        _lk_ring_get(self.tx_buf, LK_HDR, self.rel, self.f_off[i], n)
+        self.f_t[i] = now
+        self.snd = (s + 1) & 255
+        return self._seal(L, self.seed, now)
+
+    def _be_frame(self, now):
+        be = self.be
+        cap = len(be)
+        tx = self.tx_buf
+        m = self.p_frame - LK_OVH
+        q = LK_HDR
+        kind = LK_BE
+        while self.be_n > 0:
+            h = self.be_head
+            w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
+            if not be[h]:
+                self._be_pop()
+                continue
+            if self.be_frag > 0 or w > m:
+                if q > LK_HDR:
+                    break
+                if self.be_frag == 0:        # started: no longer replaceable
+                    key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
+                    if self.be_last[key] == h:
+                        self.be_last[key] = -1
+                q = _lk_putvar(tx, q, w)
+                q = _lk_putvar(tx, q, self.be_frag)
+                k = w - self.be_frag
+                if k > m - (q - LK_HDR):
+                    k = m - (q - LK_HDR)
+                _lk_ring_get(tx, q, be, (h + 6 + self.be_frag) % cap, k)
+                q += k
+                self.be_frag += k
+                if self.be_frag == w:
+                    self._be_pop()
+                kind = LK_BEFRAG
+                self.c_frag_tx += 1
+                break
+            if q + w > LK_HDR + m:
+                break
+            _lk_ring_get(tx, q, be, (h + 6) % cap, w)
+            q += w
+            self._be_pop()
+        if q == LK_HDR:
+            return 0
+        L = self._head(kind, self.be_seq, q - LK_HDR)
+        self.be_seq = (self.be_seq + 1) & 255
+        return self._seal(L, self.seed, now)
+
+    # ---- time ----------------------------------------------------------------
+    def _timer(self, now):
+        # retransmission timeout on the oldest unacked frame -> go back N
+        if self.nxt != self.una and self.snd != self.una:
+            if now - self.f_t[self.una & 63] >= self.rto:
+                self.snd = self.una
+                self.c_timeouts += 1
+                self.rto = min(self.rto * 2, LK_RTO_MAX)
+
+    def tick(self, now):
+        self.now = now
+        if self.state == 1:
+            if now - self.last_rx >= LK_DEAD_MS:
+                self.state = 0
+                self.c_down += 1
+                self.hello_at = now
+                self.handler.link_down()
+            else:
+                self._timer(now)
+        if self.b_active and now - self.b_t >= LK_FRAG_MS:
+            self.b_active = False
+            self.c_frag_drop += 1
+
+    # ---- receiving -----------------------------------------------------------
+    def feed(self, buf, off, n, now):
+        """Bytes arrived (stream: any chunking; datagram: one datagram)."""
+        self.now = now
+        self.c_rx_bytes += n
+        end = off + n
+        if self.dgram:
+            p = self._parse(buf, off, end)
+            if p < end:
+                self.c_trunc += 1
+                self.c_noise += end - p
+            return
+        rx = self.rx
+        while off < end:
+            if self.rx_n == 0:               # fast path: frames straight from buf
+                p = self._parse(buf, off, end)
+                k = end - p
+                _lk_copy(rx, 0, buf, p, k)    # k < max_frame by construction
+                self.rx_n = k
+                return
+            k = len(rx) - self.rx_n
+            if k > end - off:
+                k = end - off
+            _lk_copy(rx, self.rx_n, buf, off, k)
+            off += k
+            self.rx_n += k
+            p = self._parse(rx, 0, self.rx_n)
+            k = self.rx_n - p
+            if p > 0 and k > 0:
+                _lk_copy(rx, 0, rx, p, k)
+            self.rx_n = k
+
+    def _parse(self, b, p, end):
+        # returns the first byte not consumed (a frame still incomplete)
+        while p < end:
+            i = b.find(_LK_SYNC, p, end)
+            if i < 0:
+                k = end - 1 if b[end - 1] == LK_SYNC0 else end
+                if k > p:
+                    self.c_noise += k - p
+                    self.c_resync += 1
+                return k
+            if i > p:
+                self.c_noise += i - p
+                self.c_resync += 1
+                p = i
+            if end - p < 6:
+                return p
+            L = b[p + 2] | (b[p + 3] << 8)
+            ctl = b[p + 4]
+            if lk_hck(b[p + 2], b[p + 3], ctl) != b[p + 5] or L < LK_OVH or L > self.max_frame:
+                self.c_hdr_err += 1
+                p += 1
+                continue
+            if end - p < L:
+                return p
+            kind = ctl & 15
+            if _lk_crc(b, p, L, 0 if kind == LK_HELLO else self.seed) != LK_RESIDUE:
+                self.c_crc_err += 1
+                p += 1
+                continue
+            self._frame(b, p, L, ctl)
+            p += L
+        return p
+
+    def _frame(self, b, p, L, ctl):
+        now = self.now
+        kind = ctl & 15
+        self.c_rx_frames += 1
+        if kind == LK_HELLO:
+            self._on_hello(b, p + LK_HDR, L - LK_OVH, now)
+            return
+        if self.state != 1:
+            self.c_stale += 1
+            return
+        self.last_rx = now
+        self._on_ack(b[p + 7], ctl & LK_NAK, now)
+        seq = b[p + 6]
+        end = p + L - 4
+        if kind == LK_REL:
+            d = (seq - self.r_exp) & 255
+            if d == 0:
+                self.r_exp = (self.r_exp + 1) & 255
+                self.ack_pending = True
+                self.nak_for = -1
+                self._rel_body(b, p + LK_HDR, end)
+            elif d < 128:
+                self.c_ooo += 1
+                if self.nak_for != self.r_exp or now - self.nak_t >= LK_ACK_REP_MS:
+                    self.nak_pending = True
+                    self.nak_for = self.r_exp
+                    self.nak_t = now
+            else:
+                self.c_dup += 1
+                self.ack_pending = True
+        elif kind == LK_BE or kind == LK_BEFRAG:
+            if self._be_dup(seq):
+                self.c_dup += 1
+            elif kind == LK_BE:
+                self._be_body(b, p + LK_HDR, end)
+            else:
+                self._be_frag(b, p + LK_HDR, end, seq, now)
+        elif kind != LK_ACK:
+            self.c_proto += 1
+
+    def _be_dup(self, seq):
+        # anti-replay window (as in IPsec): best-effort frames are never delivered twice
+        # (UDP may duplicate them); bit i of be_mask is seq be_hi-1-i; 24 bits stay small ints
+        d = (seq - self.be_hi) & 255
+        if d == 0:
+            return True
+        if d < 128:
+            if d > 24:
+                self.be_mask = 0
+            else:
+                m = self.be_mask & ((1 << (24 - d)) - 1)
+                self.be_mask = (m << d) | (1 << (d - 1))
+            self.be_hi = seq
+            return False
+        d = (self.be_hi - seq) & 255
+        if d > 24:
+            return True             # too old to tell: treat as stale
+        bit = 1 << (d - 1)
+        if self.be_mask & bit:
+            return True
+        self.be_mask |= bit
+        return False
+
+    def _on_hello(self, b, p, n, now):
+        if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.gw else 1):
+            self.c_proto += 1       # other version, or two ends of the same role
+            return
+        pe, ye, pf, pm, pw, need = struct.unpack_from("<IIHIBB", b, p + 2)
+        self.c_hello_rx += 1
+        if pe != self.peer_epoch:
+            # the peer is a new incarnation: the old session is gone for good
+            if self.state == 1:
+                self.state = 0
+                self.c_down += 1
+                self.handler.link_down()
+            self._reset_stream()
+            self.peer_epoch = pe
+            self.fresh = True
+            self.c_new += 1
+            if self.gw:
+                self.seed = (self.epoch * 31 + pe) & 0x3FFFFFFF
+            else:
+                self.seed = (pe * 31 + self.epoch) & 0x3FFFFFFF
+        self.p_frame = min(pf, self.max_frame)
+        self.p_msg = pm
+        self.p_win = max(1, min(pw, LK_WMAX))
+        self.last_rx = now
+        if ye != self.epoch:
+            if self.state == 1:
+                self.state = 0
+                self.c_down += 1
+                self.handler.link_down()
+            self.hello_reply = True
+            return
+        if need:
+            self.hello_reply = True
+        if self.state != 1:
+            self.state = 1
+            self.c_up += 1
+            self.snd = self.una        # resume: resend whatever was unacked
+            self.nak_for = -1
+            fresh = self.fresh
+            self.fresh = False
+            self.handler.link_up(fresh)
+
+    def _on_ack(self, a, nak, now):
+        una = self.una
+        k = (a - una) & 255
+        inflight = (self.nxt - una) & 255
+        if 0 < k <= inflight:
+            cap = len(self.rel)
+            last = -1
+            while una != a:
+                i = una & 63
+                L = self.f_len[i]
+                h = self.r_head + L
+                if h >= cap:
+                    h -= cap
+                self.r_head = h
+                self.r_total -= L
+                self.r_framed -= L
+                last = i if not self.f_retx[i] else -1
+                una = (una + 1) & 255
+            if ((self.snd - self.una) & 255) < k:
+                self.snd = a
+            self.una = a
+            if last >= 0:
+                self._rtt(now - self.f_t[last])
+            inflight -= k
+        if nak and inflight and self.snd != una:
+            # the peer saw a gap at `una`: go back now rather than at RTO
+            if now - self.gb_t >= (self.srtt if self.srtt > 10 else 10):
+                self.gb_t = now
+                self.snd = una
+                self.c_fast_retx += 1
+
+    def _rtt(self, r):
+        if self.srtt == 0:
+            self.srtt = r if r > 0 else 1
+            self.rttvar = r >> 1
+        else:
+            d = self.srtt - r
+            if d < 0:
+                d = -d
+            self.rttvar = (3 * self.rttvar + d) >> 2
+            self.srtt = (7 * self.srtt + r) >> 3
+        v = self.rttvar * 4
+        if v < 20:
+            v = 20
+        r = self.srtt + v
+        self.rto = LK_RTO_MIN if r < LK_RTO_MIN else (LK_RTO_MAX if r > LK_RTO_MAX else r)
+
+    def _hdr(self, b, p, end):
+        # parse a record header; 0: incomplete, -1: malformed, else its length
+        if p >= end:
+            return 0
+        q = p + 1
+        v = 0
+        sh = 0
+        while True:
+            if q >= end:
+                return 0
+            c = b[q]
+            q += 1
+            v |= (c & 0x7F) << sh
+            if c < 0x80:
+                break
+            sh += 7
+            if sh > 14:
+                return -1
+        self.h_slot = v
+        v = 0
+        sh = 0
+        while True:
+            if q >= end:
+                return 0
+            c = b[q]
+            q += 1
+            v |= (c & 0x7F) << sh
+            if c < 0x80:
+                break
+            sh += 7
+            if sh > 21:
+                return -1
+        self.h_type = b[p]
+        self.h_len = v
+        return q - p
+
+    def _rel_body(self, b, p, end):
+        # the reliable channel is a byte stream of records: they may span frames
+        while p < end:
+            if self.skip > 0:
+                k = end - p
+                if k > self.skip:
+                    k = self.skip
+                self.skip -= k
+                p += k
+                continue
+            if self.asm_n == 0:
+                h = self._hdr(b, p, end)
+                if h > 0:
+                    if self.h_len > self.max_message:
+                        self.c_proto += 1
+                        self.skip = h + self.h_len
+                        continue
+                    if p + h + self.h_len <= end:   # whole record here: no copy
+                        p += h
+                        self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, True)
+                        p += self.h_len
+                        continue
+                    self.asm_t = self.h_type
+                    self.asm_s = self.h_slot
+                    self.asm_l = self.h_len
+                    self.asm_h = h
+                    self.asm_need = h + self.h_len
+                elif h < 0:
+                    self.c_proto += 1
+                    return
+                else:
+                    self.asm_need = 0
+            if self.asm_need == 0:                 # header itself is split
+                self.asm[self.asm_n] = b[p]
+                self.asm_n += 1
+                p += 1
+                h = self._hdr(self.asm, 0, self.asm_n)
+                if h < 0 or (h == 0 and self.asm_n >= LK_RHDR_MAX):
+                    self.c_proto += 1
+                    self.asm_n = 0
+                    return
+                if h > 0:
+                    if self.h_len > self.max_message:
+                        self.c_proto += 1
+                        self.asm_n = 0
+                        self.skip = self.h_len
+                        continue
+                    self.asm_t = self.h_type
+                    self.asm_s = self.h_slot
+                    self.asm_l = self.h_len
+                    self.asm_h = h
+                    self.asm_need = h + self.h_len
+            else:
+                k = self.asm_need - self.asm_n
+                if k > end - p:
+                    k = end - p
+                _lk_copy(self.asm, self.asm_n, b, p, k)
+                self.asm_n += k
+                p += k
+            if self.asm_need and self.asm_n == self.asm_need:
+                self.asm_n = 0
+                self.asm_need = 0
+                self.c_frag_rx += 1
+                self.handler.link_message(self.asm_t, self.asm_s, self.asm, self.asm_h, self.asm_l, True)
+
+    def _be_body(self, b, p, end):
+        while p < end:
+            h = self._hdr(b, p, end)
+            if h <= 0 or p + h + self.h_len > end:
+                self.c_proto += 1
+                return
+            p += h
+            self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, False)
+            p += self.h_len
+
+    def _var(self, b, p, end):
+        v = 0
+        sh = 0
+        while p < end:
+            c = b[p]
+            p += 1
+            v |= (c & 0x7F) << sh
+            if c < 0x80:
+                self.h_var = v
+                return p
+            sh += 7
+            if sh > 21:
+                break
+        return -1
+
+    def _be_frag(self, b, p, end, seq, now):
+        if self.b_active and seq == self.b_seq:
+            self.c_dup += 1
+            return
+        p = self._var(b, p, end)
+        if p < 0:
+            self.c_proto += 1
+            return
+        tot = self.h_var
+        p = self._var(b, p, end)
+        if p < 0:
+            self.c_proto += 1
+            return
+        o = self.h_var
+        k = end - p
+        if o == 0:
+            if self.b_active:
+                self.c_frag_drop += 1
+            if tot > len(self.basm):
+                self.c_proto += 1
+                self.b_active = False
+                return
+            self.b_active = True
+            self.b_total = tot
+            self.b_n = 0
+            self.b_t = now
+        elif not self.b_active or o != self.b_n or tot != self.b_total or \
+                seq != ((self.b_seq + 1) & 255):
+            if self.b_active:
+                self.c_frag_drop += 1    # a fragment was lost: the message is gone
+                self.b_active = False
+            return
+        if self.b_n + k > self.b_total:
+            self.c_proto += 1
+            self.b_active = False
+            return
+        _lk_copy(self.basm, self.b_n, b, p, k)
+        self.b_n += k
+        self.b_seq = seq
+        self.c_frag_rx += 1
+        if self.b_n == self.b_total:
+            self.b_active = False
+            self._be_body(self.basm, 0, self.b_total)
+
+
+# ---- app layer: RosPort / GatewaySink over the link ---------------------------
+
+def _lk_json(buf, off, n):
+    if n == 0:
+        return None
+    return json.loads(bytes(buf[off:off + n]).decode())
+
+
+def _lk_enc(obj):
+    return json.dumps(obj).encode()
+
+
+class LinkRosPort:
+    """Gateway end: RosPort calls become link records; companion records
+    become GatewaySink calls on self.sink."""
+
+    def __init__(self, session):
+        self.s = session
+        session.handler = self
+        self.sink = None
+        self.distro = None
+        self.ros_is_up = False
+        self.link_is_up = False
+        self.c_congested = 0
+        self.c_too_large = 0
+        self._rep = {}            # slot -> last report (ms), rate limit 1/s
+        self._cnt = bytearray(4)
+
+    def _ctl(self, t, slot, obj):
+        b = _lk_enc(obj) if obj is not None else b""
+        return self.s.send(t, slot, b, 0, len(b), True, True)
+
+    # RosPort
+    def advertise(self, slot, topic, type, qos):
+        self._ctl(LK_T_ADV, slot, {"topic": topic, "type": type, "qos": qos})
+
+    def unadvertise(self, slot):
+        self._ctl(LK_T_UNADV, slot, None)
+
+    def subscribe(self, slot, topic, type, qos):
+        self._ctl(LK_T_SUB, slot, {"topic": topic, "type": type, "qos": qos})
+
+    def unsubscribe(self, slot):
+        self._ctl(LK_T_UNSUB, slot, None)
+
+    def max_message(self):
+        return self.s.max_send()
+
+    def publish(self, slot, buf, off, n, reliable):
+        r = self.s.send(LK_T_PUB, slot, buf, off, n, reliable, False)
+        if r == LK_OK:
+            return
+        if r == LK_TOO_LARGE:
+            self.c_too_large += 1
+            if self.sink is not None:
+                self.sink.ros_error("pub", slot, "message_too_large",
+                                    "message of %d bytes exceeds the link maximum of %d"
+                                    % (n, self.s.max_send()))
+        elif reliable:
+            # reliable send buffer full (or no session yet): a documented drop
+            self.c_congested += 1
+            t = self._rep.get(slot)
+            now = self.s.now
+            if t is None or now - t >= 1000:
+                self._rep[slot] = now
+                if self.sink is not None:
+                    self.sink.ros_error("pub", slot, "link_congested",
+                                        "link send buffer full; reliable message dropped")
+
+    def send_stats(self, d):
+        b = _lk_enc(d)
+        return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
+
+    def counters(self):
+        d = self.s.counters()
+        d["pub_congested"] = self.c_congested
+        d["pub_too_large"] = self.c_too_large
+        return d
+
+    # link handler
+    def link_up(self, fresh):
+        self.link_is_up = True        # ros_up follows the companion's hello
+
+    def link_down(self):
+        self.link_is_up = False
+        if self.ros_is_up:
+            self.ros_is_up = False
+            if self.sink is not None:
+                self.sink.ros_down()
+
+    def link_message(self, t, slot, buf, off, n, reliable):
+        sink = self.sink
+        if t == LK_T_MSG:
+            if sink is not None:
+                sink.ros_message(slot, buf, off, n)
+        elif t == LK_T_SUBCOUNT:
+            if sink is not None and n >= 4:
+                sink.ros_sub_count(slot, buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16))
+        elif t == LK_T_CHELLO:
+            d = _lk_json(buf, off, n) or {}
+            self.distro = d.get("distro")
+            self.ros_is_up = True
+            if sink is not None:
+                sink.ros_up(self.distro, self.max_message())
+        elif t == LK_T_RESULT or t == LK_T_ERROR:
+            d = _lk_json(buf, off, n) or {}
+            if sink is not None:
+                f = sink.ros_result if t == LK_T_RESULT else sink.ros_error
+                f(d.get("kind"), slot, d.get("code"), d.get("message"))
+        else:
+            self.s.c_proto += 1
+
+
+class LinkCompanionEnd:
+    """Companion end: link records become RosPort calls on `companion`; this
+    object is the companion's GatewaySink (not thread-safe: call it from the
+    loop that drives the session)."""
+
+    def __init__(self, session, companion):
+        self.s = session
+        session.handler = self
+        self.companion = companion
+        self.regs = {}        # key (slot*2 + is_sub) -> registration body (bytes)
+        self.results = {}     # key -> (code, message) of the last ros_result
+        self.sub_rel = {}     # sub slot -> reliable?
+        self.had = False
+        self._rep = {}
+        self.c_congested = 0
+        self.c_too_large = 0
+        self._cnt = bytearray(4)
+
+    def _ctl(self, t, slot, obj):
+        b = _lk_enc(obj) if obj is not None else b""
+        return self.s.send(t, slot, b, 0, len(b), True, True)
+
+    # link handler
+    def link_up(self, fresh):
+        if fresh:
+            if self.had:
+                self.companion.reset()     # a new gateway: release the old one's objects
+            self.regs.clear()
+            self.results.clear()
+            self.sub_rel.clear()
+        self.had = True
+        self._ctl(LK_T_CHELLO, 0, {"distro": getattr(self.companion, "distro", None)})
+
+    def link_down(self):
+        pass                               # keep everything: it may be a glitch
+
+    def link_message(self, t, slot, buf, off, n, reliable):
+        c = self.companion
+        if t == LK_T_PUB:
+            c.publish(slot, buf, off, n, reliable)
+        elif t == LK_T_ADV or t == LK_T_SUB:
+            sub = 1 if t == LK_T_SUB else 0
+            key = slot * 2 + sub
+            body = bytes(buf[off:off + n])
+            old = self.regs.get(key)
+            if old == body:
+                # re-sent after a resumed session: answer from the cache
+                r = self.results.get(key)
+                if r is not None:
+                    self._ctl(LK_T_RESULT, slot, {"kind": "sub" if sub else "pub",
+                                                  "code": r[0], "message": r[1]})
+                return
+            if old is not None:
+                if sub:
+                    c.unsubscribe(slot)
+                else:
+                    c.unadvertise(slot)
+                self.results.pop(key, None)
+            self.regs[key] = body
+            d = json.loads(body.decode())
+            if sub:
+                q = d.get("qos") or {}
+                self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
+                c.subscribe(slot, d["topic"], d["type"], d.get("qos"))
+            else:
+                c.advertise(slot, d["topic"], d["type"], d.get("qos"))
+        elif t == LK_T_UNADV or t == LK_T_UNSUB:
+            sub = 1 if t == LK_T_UNSUB else 0
+            key = slot * 2 + sub
+            if self.regs.pop(key, None) is not None:
+                self.results.pop(key, None)
+                if sub:
+                    self.sub_rel.pop(slot, None)
+                    c.unsubscribe(slot)
+                else:
+                    c.unadvertise(slot)
+        elif t == LK_T_STATS:
+            f = getattr(c, "gateway_stats", None)
+            if f is not None:
+                f(_lk_json(buf, off, n))
+        else:
+            self.s.c_proto += 1
+
+    # GatewaySink
+    def ros_up(self, distro, max_message):
+        pass
+
+    def ros_down(self):
+        pass
+
+    def ros_result(self, kind, slot, code, message):
+        key = slot * 2 + (1 if kind == "sub" else 0)
+        if code is None:
+            self.results[key] = (code, message)
+        else:
+            self.regs.pop(key, None)       # the gateway drops failed registrations
+            self.results.pop(key, None)
+        self._ctl(LK_T_RESULT, slot, {"kind": kind, "code": code, "message": message})
+
+    def ros_error(self, kind, slot, code, message):
+        self._ctl(LK_T_ERROR, slot, {"kind": kind, "code": code, "message": message})
+
+    def ros_message(self, slot, buf, off, n):
+        rel = self.sub_rel.get(slot, True)
+        r = self.s.send(LK_T_MSG, slot, buf, off, n, rel, False)
+        if r == LK_OK:
+            return
+        if r == LK_TOO_LARGE:
+            self.c_too_large += 1
+            code = "message_too_large"
+            msg = "ROS message of %d bytes exceeds the gateway's maximum of %d" % (n, self.s.max_send())
+        elif rel:
+            self.c_congested += 1
+            code = "link_congested"
+            msg = "link send buffer full; reliable message dropped"
+        else:
+            return
+        t = self._rep.get(slot)
+        now = self.s.now
+        if t is None or now - t >= 1000:
+            self._rep[slot] = now
+            self.ros_error("sub", slot, code, msg)
+
+    def ros_sub_count(self, slot, count):
+        b = self._cnt
+        struct.pack_into("<I", b, 0, count)
+        self.s.send(LK_T_SUBCOUNT, slot, b, 0, 4, True, True)
+
+    def counters(self):
+        d = self.s.counters()
+        d["msg_congested"] = self.c_congested
+        d["msg_too_large"] = self.c_too_large
+        return d
 
 
 # ---------------------------------------------------------------------------------------------

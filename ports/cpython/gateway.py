@@ -141,9 +141,9 @@ class GatewayServer:
         self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
         self.socks: List[Optional[socket.socket]] = [None] * len(gw.clients)
         self.running = True
+        self.link_fd = -1
         if link is not None:
-            self.sel.register(link.fileno(), selectors.EVENT_READ, ("link", -1))
-        self.link_fd = link.fileno() if link is not None else -1
+            self._sync_link_fd()  # fileno() is -1 while a serial device is absent
 
     def stop(self, *_: Any) -> None:
         self.running = False
@@ -352,6 +352,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         server.address[1],
         args.link,
     )
-    server.serve()
+    last_stats = [0]
+
+    def report_stats() -> bool:
+        # The companion publishes these on /diagnostics with its own and the link's counters.
+        now = now_ms()
+        if ros is not None and now - last_stats[0] >= 1000:
+            last_stats[0] = now
+            stats = gw.counters()
+            stats.update({"link_" + k: v for k, v in link.counters().items()})
+            ros.send_stats(stats)
+        return False
+
+    server.serve(report_stats)
     log.info("stopped; counters: %s", gw.counters())
+    if link is not None:
+        log.info("link counters: %s", link.counters())
     return 0

@@ -1,0 +1,497 @@
+# The link's sans-IO session (docs/LINK.md): framing, resync, handshake, reliable and
+# best-effort channels, fragmentation, limits, liveness, epochs.  Time is injected (no sleeps);
+# runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
+import ubrb_min as L
+
+MICROPYTHON_ONLY = {"test_mp_allocation_per_message"}
+
+
+class Rng:
+    """Deterministic LCG (MicroPython has no seedable random everywhere)."""
+
+    def __init__(self, seed):
+        self.s = seed & 0x3FFFFFFF
+
+    def next(self, n):
+        self.s = (self.s * 1103515 + 12345) & 0x3FFFFFFF
+        return (self.s >> 8) % n
+
+
+class Rec:
+    """Link handler recording what the session delivers."""
+
+    def __init__(self):
+        self.ups = []
+        self.downs = 0
+        self.msgs = []
+
+    def link_up(self, fresh):
+        self.ups.append(fresh)
+
+    def link_down(self):
+        self.downs += 1
+
+    def link_message(self, t, slot, buf, off, n, reliable):
+        self.msgs.append((t, slot, bytes(buf[off:off + n]), reliable))
+
+
+def sess(gateway, epoch, **kw):
+    return L.LinkSession(Rec(), epoch, gateway, **kw)
+
+
+class Pair:
+    """Two sessions joined by an in-memory wire; `mangle(data, direction)` may corrupt,
+    drop, split or reorder what crosses it (it returns a list of chunks)."""
+
+    def __init__(self, a, b, mangle=None, now=1000):
+        self.a = a
+        self.b = b
+        self.mangle = mangle
+        self.now = now
+        self.held = [[], []]        # for reordering in datagram tests
+        self.wire = [0, 0]          # bytes put on the wire per direction
+
+    def step(self, dt=1, budget=64):
+        now = self.now
+        for d in (0, 1):
+            x, y = (self.a, self.b) if d == 0 else (self.b, self.a)
+            x.tick(now)
+            for _ in range(budget):
+                n = x.poll_tx(now)
+                if n == 0:
+                    break
+                self.wire[d] += n
+                data = bytes(x.tx_buf[:n])
+                chunks = self.mangle(data, d) if self.mangle else [data]
+                for c in chunks:
+                    if len(c):
+                        y.feed(c, 0, len(c), now)
+        self.now = now + dt
+
+    def run(self, ms, dt=1, until=None):
+        end = self.now + ms
+        while self.now < end:
+            self.step(dt)
+            if until is not None and until():
+                return True
+        return until is None
+
+    def up(self):
+        assert self.run(2000, until=lambda: self.a.is_up() and self.b.is_up())
+
+
+def rel_payload(i, size):
+    b = bytearray(size)
+    for k in range(size):
+        b[k] = (i + k * 7) & 0xFF
+    if size >= 2:
+        b[0] = i & 0xFF
+        b[1] = (i >> 8) & 0xFF
+    return bytes(b)
+
+
+# ---- framing -----------------------------------------------------------------------------
+
+def test_frame_layout_and_crc_residue():
+    p = Pair(sess(True, 11), sess(False, 22))
+    p.up()
+    assert p.a.send(L.LK_T_PUB, 5, b"hello", 0, 5, True) == L.LK_OK
+    n = p.a.poll_tx(p.now)
+    b = p.a.tx_buf
+    assert b[0] == 0xA5 and b[1] == 0x4E
+    assert b[2] | (b[3] << 8) == n
+    assert b[4] & 15 == L.LK_REL
+    assert b[5] == L.lk_hck(b[2], b[3], b[4])
+    # record: type, slot varint, len varint, payload
+    assert bytes(b[8:11]) == bytes([L.LK_T_PUB, 5, 5])
+    assert bytes(b[11:16]) == b"hello"
+    assert n == 16 + 4
+    # CRC-32 of a frame including its CRC is the fixed residue (seeded with the session key)
+    assert L._lk_crc(b, 0, n, p.a.seed) == L.LK_RESIDUE
+    assert L.LK_RESIDUE < (1 << 30)  # a small int on 32-bit MicroPython
+
+
+def test_handshake_roles_and_limits():
+    a = sess(True, 100, max_frame=300, max_message=5000)
+    b = sess(False, 200, max_frame=500, max_message=7000, window=4)
+    p = Pair(a, b)
+    p.up()
+    assert a.handler.ups == [True] and b.handler.ups == [True]
+    assert a.p_frame == 300 and b.p_frame == 300
+    assert a.p_msg == 7000 and b.p_msg == 5000
+    assert a.p_win == 4
+    assert a.seed == b.seed
+    # two gateways never pair up
+    g1 = sess(True, 1)
+    g2 = sess(True, 2)
+    q = Pair(g1, g2)
+    q.run(1000)
+    assert not g1.is_up() and not g2.is_up() and g1.c_proto > 0
+
+
+def test_reliable_in_order_with_batching():
+    p = Pair(sess(True, 1), sess(False, 2))
+    p.up()
+    for i in range(300):
+        assert p.a.send(L.LK_T_PUB, 3, rel_payload(i, 40), 0, 40, True) == L.LK_OK
+    frames0 = p.a.c_tx_frames
+    p.run(200)
+    got = [m for m in p.b.handler.msgs]
+    assert len(got) == 300
+    for i, m in enumerate(got):
+        assert m == (L.LK_T_PUB, 3, rel_payload(i, 40), True)
+    # 300 x 43 bytes in ~1012-byte frames: batching
+    assert p.a.c_tx_frames - frames0 < 20
+
+
+def test_reliable_fragmentation_large_message():
+    a = sess(True, 1, max_frame=128, max_message=20000, rel_bytes=65536)
+    b = sess(False, 2, max_frame=128, max_message=20000, rel_bytes=65536)
+    p = Pair(a, b)
+    p.up()
+    big = rel_payload(9, 17000)
+    assert a.send(L.LK_T_PUB, 1, big, 0, len(big), True) == L.LK_OK
+    assert a.send(L.LK_T_PUB, 1, b"x", 0, 1, True) == L.LK_OK
+    p.run(2000, until=lambda: len(b.handler.msgs) == 2)
+    assert b.handler.msgs[0][2] == big and b.handler.msgs[1][2] == b"x"
+    assert b.c_frag_rx >= 1
+
+
+def test_message_too_large_refused():
+    a = sess(True, 1, max_message=4000)
+    b = sess(False, 2, max_message=1000)
+    p = Pair(a, b)
+    p.up()
+    assert a.max_send() == 1000
+    buf = bytes(1001)
+    assert a.send(L.LK_T_PUB, 1, buf, 0, 1001, True) == L.LK_TOO_LARGE
+    assert a.send(L.LK_T_PUB, 1, buf, 0, 1001, False) == L.LK_TOO_LARGE
+    assert a.send(L.LK_T_PUB, 1, buf, 0, 1000, True) == L.LK_OK
+    assert a.c_too_large == 2
+
+
+def test_reliable_buffer_bounded_control_reserve():
+    a = sess(True, 1, rel_bytes=8192, max_message=2000)
+    b = sess(False, 2)
+    p = Pair(a, b)
+    p.up()
+    buf = bytes(1000)
+    n = 0
+    while a.send(L.LK_T_PUB, 1, buf, 0, 1000, True) == L.LK_OK:
+        n += 1
+    assert n == (8192 - a.rel_res) // 1003
+    assert a.c_drop_rel_full == 1
+    # control records still fit in the reserve
+    assert a.send(L.LK_T_ADV, 2, b"{}", 0, 2, True, True) == L.LK_OK
+    p.run(500)
+    assert len(b.handler.msgs) == n + 1
+    assert a.r_total == 0
+
+
+def test_resync_after_noise_stream():
+    rng = Rng(7)
+    stats = {"cut": 0}
+
+    def mangle(data, d):
+        data = bytearray(data)
+        r = rng.next(100)
+        if r < 10:  # flip a bit
+            i = rng.next(len(data))
+            data[i] ^= 1 << rng.next(8)
+        elif r < 15:  # truncate (the rest of the frame never arrives)
+            data = data[: rng.next(len(data))]
+            stats["cut"] += 1
+        elif r < 20:  # garbage before, including fake sync bytes
+            data = bytes([0xA5, 0x4E, rng.next(256), 0xA5]) + bytes(data)
+        elif r < 23:  # drop one byte
+            i = rng.next(len(data))
+            data = data[:i] + data[i + 1:]
+        # random chunking
+        out = []
+        i = 0
+        while i < len(data):
+            k = 1 + rng.next(40)
+            out.append(bytes(data[i:i + k]))
+            i += k
+        return out
+
+    a = sess(True, 5, max_frame=256)
+    b = sess(False, 6, max_frame=256)
+    p = Pair(a, b, mangle)
+    p.up()
+    N = 400
+    sent = 0
+    for _ in range(20000):
+        while sent < N and a.send(L.LK_T_PUB, 1, rel_payload(sent, 50), 0, 50, True) == L.LK_OK:
+            sent += 1
+        p.step(2)
+        if len(b.handler.msgs) >= N:
+            break
+    got = b.handler.msgs
+    assert len(got) == N
+    for i in range(N):
+        assert got[i][2] == rel_payload(i, 50), i
+    assert b.c_crc_err + b.c_hdr_err > 0 and a.c_retx > 0 and stats["cut"] > 0
+
+
+def test_best_effort_newest_wins():
+    a = sess(True, 1)
+    b = sess(False, 2)
+    p = Pair(a, b)
+    p.up()
+    for i in range(10):
+        assert a.send(L.LK_T_PUB, 4, bytes([i]) * 8, 0, 8, False) == L.LK_OK
+        assert a.send(L.LK_T_PUB, 5, bytes([100 + i]) * 8, 0, 8, False) == L.LK_OK
+    assert a.c_drop_be == 18
+    p.run(50)
+    got = b.handler.msgs
+    assert got == [(L.LK_T_PUB, 4, bytes([9]) * 8, False), (L.LK_T_PUB, 5, bytes([109]) * 8, False)]
+    # never retransmitted: a lost best-effort frame is just gone
+    a.send(L.LK_T_PUB, 4, b"lost", 0, 4, False)
+    a.poll_tx(p.now)  # built and "lost"
+    p.run(1000)
+    assert len(b.handler.msgs) == 2 and a.c_retx == 0
+
+
+def test_best_effort_ring_overflow_drops_oldest():
+    a = sess(True, 1, be_bytes=2048, max_message=1000)
+    b = sess(False, 2)
+    p = Pair(a, b)
+    p.up()
+    for slot in range(10):
+        assert a.send(L.LK_T_PUB, slot, bytes(500), 0, 500, False) == L.LK_OK
+    assert a.be_n <= 2048
+    assert a.c_drop_be == 10 - a.be_live
+    p.run(50)
+    assert [m[1] for m in b.handler.msgs] == list(range(10 - a.c_drop_be - 0, 10))[-len(b.handler.msgs):]
+
+
+def test_best_effort_fragmentation_and_loss():
+    a = sess(True, 1, max_frame=200, max_message=3000)
+    b = sess(False, 2, max_frame=200, max_message=3000)
+    drop = {"on": False, "n": 0}
+
+    def mangle(data, d):
+        if drop["on"] and d == 0 and data[4] & 15 == L.LK_BEFRAG:
+            drop["n"] += 1
+            if drop["n"] == 3:
+                return []
+        return [data]
+
+    p = Pair(a, b, mangle)
+    p.up()
+    big = rel_payload(3, 2500)
+    a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
+    p.run(50)
+    assert b.handler.msgs == [(L.LK_T_PUB, 2, big, False)]
+    drop["on"] = True
+    a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
+    p.run(50)
+    assert len(b.handler.msgs) == 1 and b.c_frag_drop == 1 and not b.b_active
+    a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
+    p.run(50)
+    assert len(b.handler.msgs) == 2
+    # a reassembly left incomplete times out and frees its buffer
+    a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
+    n = a.poll_tx(p.now)
+    b.feed(bytes(a.tx_buf[:n]), 0, n, p.now)
+    assert b.b_active
+    a.be_n = a.be_live = 0  # forget the rest at the sender
+    p.run(L.LK_FRAG_MS + 100)
+    assert not b.b_active and b.c_frag_drop == 2
+
+
+def test_datagram_loss_dup_reorder():
+    rng = Rng(99)
+
+    def mangle(data, d):
+        r = rng.next(100)
+        if r < 5:
+            return []
+        if r < 10:
+            return [data, data]
+        if r < 15:
+            p.held[d].append(data)
+            return []
+        out = [data]
+        if p.held[d] and rng.next(2):
+            out.extend(p.held[d])
+            p.held[d] = []
+        return out
+
+    a = sess(True, 1, datagram=True, max_frame=1400)
+    b = sess(False, 2, datagram=True, max_frame=1400)
+    p = Pair(a, b, mangle)
+    p.up()
+    N = 500
+    sent = 0
+    for _ in range(20000):
+        while sent < N and a.send(L.LK_T_PUB, 1, rel_payload(sent, 300), 0, 300, True) == L.LK_OK:
+            sent += 1
+        a.send(L.LK_T_PUB, 2, b"be", 0, 2, False)
+        p.step(1)
+        if len([m for m in b.handler.msgs if m[3]]) >= N:
+            break
+    rel = [m for m in b.handler.msgs if m[3]]
+    assert len(rel) == N
+    for i in range(N):
+        assert rel[i][2] == rel_payload(i, 300)
+    assert a.c_retx > 0 and b.c_dup + b.c_ooo > 0
+
+
+def test_datagram_trailing_garbage_counted():
+    a = sess(True, 1, datagram=True)
+    b = sess(False, 2, datagram=True)
+    n = a.poll_tx(0)
+    d = bytes(a.tx_buf[:n]) + b"\x01\x02\x03"
+    b.feed(d, 0, len(d), 0)
+    assert b.c_hello_rx == 1 and b.c_noise == 3
+
+
+def test_liveness_down_and_resume_without_loss():
+    a = sess(True, 1)
+    b = sess(False, 2)
+    cut = {"on": False}
+
+    def mangle(data, d):
+        return [] if cut["on"] else [data]
+
+    p = Pair(a, b, mangle)
+    p.up()
+    for i in range(5):
+        a.send(L.LK_T_PUB, 1, rel_payload(i, 20), 0, 20, True)
+    p.run(20)
+    cut["on"] = True
+    for i in range(5, 10):
+        a.send(L.LK_T_PUB, 1, rel_payload(i, 20), 0, 20, True)
+    t0 = p.now
+    p.run(3000, until=lambda: not a.is_up() and not b.is_up())
+    assert p.now - t0 <= L.LK_DEAD_MS + 5  # loss noticed within 2 s (< 3 s)
+    assert a.handler.downs == 1 and b.handler.downs == 1
+    for i in range(10, 15):  # queued while down
+        a.send(L.LK_T_PUB, 1, rel_payload(i, 20), 0, 20, True)
+    p.run(5000)
+    cut["on"] = False
+    t0 = p.now
+    p.up()
+    assert p.now - t0 <= L.LK_HELLO_MS + 5  # back within 1 s of reachability
+    assert a.handler.ups == [True, False] and b.handler.ups == [True, False]
+    p.run(500)
+    got = [m[2] for m in b.handler.msgs]
+    assert got == [rel_payload(i, 20) for i in range(15)]
+
+
+def test_restart_new_epoch_resets_stream():
+    a = sess(True, 1)
+    b = sess(False, 2)
+    p = Pair(a, b)
+    p.up()
+    for i in range(20):
+        a.send(L.LK_T_PUB, 1, rel_payload(i, 20), 0, 20, True)
+    a.poll_tx(p.now)  # in flight to the old companion
+    # companion restarts: a new process with a new epoch
+    b2 = sess(False, 3)
+    p.b = b2
+    t0 = p.now
+    p.up()
+    assert p.now - t0 < 300
+    assert a.handler.downs == 1 and a.handler.ups == [True, True]  # fresh session
+    assert a.c_rel_reset_bytes > 0 and a.r_total == 0 and a.una == 0
+    a.send(L.LK_T_PUB, 1, b"new", 0, 3, True)
+    p.run(100)
+    assert b2.handler.msgs == [(L.LK_T_PUB, 1, b"new", True)]
+    # gateway restarts: the companion sees a fresh session too
+    a2 = sess(True, 4)
+    p.a = a2
+    p.up()
+    assert b2.handler.ups == [True, True] and b2.handler.downs == 1
+    # frames of the old session fail the new session key's CRC
+    assert b2.seed != 0 and a2.seed == b2.seed
+
+
+def test_old_session_frames_rejected():
+    a = sess(True, 1)
+    b = sess(False, 2)
+    p = Pair(a, b)
+    p.up()
+    a.send(L.LK_T_PUB, 1, b"old", 0, 3, True)
+    n = a.poll_tx(p.now)
+    stale = bytes(a.tx_buf[:n])
+    b2 = sess(False, 3)
+    p.b = b2
+    p.up()
+    b2.feed(stale, 0, len(stale), p.now)
+    assert b2.handler.msgs == [] and b2.c_crc_err == 1
+
+
+def test_window_bounded():
+    a = sess(True, 1, max_frame=100)
+    b = sess(False, 2, window=3)
+    p = Pair(a, b)
+    p.up()
+    for _ in range(50):
+        a.send(L.LK_T_PUB, 1, bytes(80), 0, 80, True)
+    k = 0
+    while a.poll_tx(p.now):
+        k += 1
+    assert k == 3 and ((a.nxt - a.una) & 255) == 3
+
+
+def test_buffers_never_grow():
+    a = sess(True, 1)
+    b = sess(False, 2)
+    sizes = [len(x) for x in (a.tx_buf, a.rx, a.asm, a.basm, a.rel, a.be)]
+    p = Pair(a, b)
+    p.up()
+    for i in range(2000):
+        a.send(L.LK_T_PUB, i % 7, bytes(100), 0, 100, i % 2 == 0)
+        if i % 50 == 0:
+            p.step(1, budget=1)  # a slow link
+    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.asm, a.basm, a.rel, a.be)]
+    assert a.r_total <= len(a.rel) and a.be_n <= len(a.be)
+    assert a.c_drop_rel_full > 0 and a.c_drop_be > 0
+
+
+def test_counters_dict():
+    a = sess(True, 1)
+    c = a.counters()
+    for k in ("crc_err", "resync", "retx", "drop_be", "drop_rel_full", "frag_tx", "frag_rx"):
+        assert k in c
+
+
+def test_mp_allocation_per_message():
+    # measure (and bound) heap use per relayed message on MicroPython: see docs/LINK.md
+    import gc
+
+    a = sess(True, 1, max_frame=1024)
+    b = sess(False, 2, max_frame=1024)
+
+    class Null:
+        def link_up(self, fresh):
+            pass
+
+        def link_down(self):
+            pass
+
+        def link_message(self, t, slot, buf, off, n, reliable):
+            pass
+
+    p = Pair(a, b)
+    p.up()
+    b.handler = Null()
+    msg = bytearray(64)
+    now = p.now
+    gc.collect()
+    gc.disable()
+    m0 = gc.mem_alloc()
+    for _i in range(200):
+        for _ in range(15):
+            a.send(L.LK_T_PUB, 1, msg, 0, 64, True)
+        n = a.poll_tx(now)
+        b.feed(a.tx_buf, 0, n, now)
+        n = b.poll_tx(now)
+        a.feed(b.tx_buf, 0, n, now)
+    per = (gc.mem_alloc() - m0) / 3000
+    gc.enable()
+    print("bytes allocated per 64-byte message:", per)
+    assert len(b.counters()) > 0 and per < 16

@@ -1,0 +1,239 @@
+# The app layer over the link: LinkRosPort (gateway end, a RosPort that replays GatewaySink
+# calls) and LinkCompanionEnd (companion end, a GatewaySink that drives a RosPort).
+# Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
+import ubrb_min as L
+from test_link import Pair
+
+QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+
+
+class FakeGateway:
+    """GatewaySink: records calls; on ros_up re-sends every live registration (as Gateway does)."""
+
+    def __init__(self):
+        self.port = None
+        self.calls = []
+        self.pubs = {}   # slot -> (topic, type, qos)
+        self.subs = {}
+
+    def ros_up(self, distro, max_message):
+        self.calls.append(("up", distro, max_message))
+        for s in sorted(self.pubs):
+            t = self.pubs[s]
+            self.port.advertise(s, t[0], t[1], t[2])
+        for s in sorted(self.subs):
+            t = self.subs[s]
+            self.port.subscribe(s, t[0], t[1], t[2])
+
+    def ros_down(self):
+        self.calls.append(("down",))
+
+    def ros_result(self, kind, slot, code, message):
+        self.calls.append(("result", kind, slot, code))
+
+    def ros_error(self, kind, slot, code, message):
+        self.calls.append(("error", kind, slot, code))
+
+    def ros_message(self, slot, buf, off, n):
+        self.calls.append(("message", slot, bytes(buf[off:off + n])))
+
+    def ros_sub_count(self, slot, count):
+        self.calls.append(("count", slot, count))
+
+    def take(self, kind=None):
+        c = [x for x in self.calls if kind is None or x[0] == kind]
+        self.calls = [x for x in self.calls if not (kind is None or x[0] == kind)]
+        return c
+
+
+class FakeCompanion:
+    """RosPort: records calls; answers registrations through its sink (the link end)."""
+
+    def __init__(self, distro="humble"):
+        self.distro = distro
+        self.sink = None
+        self.calls = []
+        self.live = {}
+        self.stats = None
+
+    def advertise(self, slot, topic, type, qos):
+        self.calls.append(("advertise", slot, topic))
+        if topic == "bad topic":
+            self.sink.ros_result("pub", slot, "invalid_topic", "bad")
+            return
+        self.live[("p", slot)] = topic
+        self.sink.ros_result("pub", slot, None, "")
+
+    def unadvertise(self, slot):
+        self.calls.append(("unadvertise", slot))
+        self.live.pop(("p", slot), None)
+
+    def subscribe(self, slot, topic, type, qos):
+        self.calls.append(("subscribe", slot, topic))
+        self.live[("s", slot)] = topic
+        self.sink.ros_result("sub", slot, None, "")
+
+    def unsubscribe(self, slot):
+        self.calls.append(("unsubscribe", slot))
+        self.live.pop(("s", slot), None)
+
+    def publish(self, slot, buf, off, n, reliable):
+        self.calls.append(("publish", slot, bytes(buf[off:off + n]), reliable))
+
+    def reset(self):
+        self.calls.append(("reset",))
+        self.live = {}
+
+    def gateway_stats(self, d):
+        self.stats = d
+
+
+def setup(**kw):
+    gs = L.LinkSession(None, 101, True, **kw)
+    cs = L.LinkSession(None, 202, False, **kw)
+    port = L.LinkRosPort(gs)
+    gw = FakeGateway()
+    gw.port = port
+    port.sink = gw
+    comp = FakeCompanion()
+    end = L.LinkCompanionEnd(cs, comp)
+    comp.sink = end
+    p = Pair(gs, cs)
+    return p, port, gw, comp, end
+
+
+def test_up_registration_and_data_both_ways():
+    p, port, gw, comp, end = setup()
+    gw.pubs[1] = ("/chatter", "std_msgs/msg/String", QOS_R)
+    gw.subs[2] = ("/scan", "sensor_msgs/msg/LaserScan", QOS_BE)
+    p.run(300)
+    assert gw.take("up") == [("up", "humble", port.max_message())]
+    assert ("advertise", 1, "/chatter") in comp.calls and ("subscribe", 2, "/scan") in comp.calls
+    assert gw.take("result") == [("result", "pub", 1, None), ("result", "sub", 2, None)]
+    port.publish(1, b"xxabcxx", 2, 3, True)
+    port.publish(1, b"be", 0, 2, False)
+    p.run(50)
+    assert ("publish", 1, b"abc", True) in comp.calls and ("publish", 1, b"be", False) in comp.calls
+    end.ros_message(2, b"-scan-", 1, 4)
+    end.ros_sub_count(1, 3)
+    p.run(50)
+    assert gw.take("message") == [("message", 2, b"scan")]
+    assert gw.take("count") == [("count", 1, 3)]
+    # failed registration travels back as a result code
+    port.advertise(3, "bad topic", "x/msg/Y", QOS_R)
+    p.run(50)
+    assert gw.take("result") == [("result", "pub", 3, "invalid_topic")]
+    port.unsubscribe(2)
+    p.run(50)
+    assert ("unsubscribe", 2) in comp.calls and ("s", 2) not in comp.live
+
+
+def test_publish_too_large_reported_to_sink():
+    p, port, gw, comp, end = setup(max_message=1000)
+    p.run(300)
+    port.publish(1, bytes(1001), 0, 1001, True)
+    port.publish(1, bytes(1001), 0, 1001, False)
+    assert gw.take("error") == [("error", "pub", 1, "message_too_large")] * 2
+    p.run(50)
+    assert not [c for c in comp.calls if c[0] == "publish"]
+
+
+def test_companion_message_too_large_reported_as_sub_error():
+    p, port, gw, comp, end = setup(max_message=1000)
+    gw.subs[4] = ("/big", "x/msg/Big", QOS_R)
+    p.run(300)
+    gw.take()
+    end.ros_message(4, bytes(1500), 0, 1500)
+    end.ros_message(4, bytes(1500), 0, 1500)  # rate limited: one report per second
+    p.run(50)
+    assert gw.take("error") == [("error", "sub", 4, "message_too_large")]
+    assert gw.take("message") == []
+
+
+def test_reliable_buffer_full_is_a_reported_drop():
+    p, port, gw, comp, end = setup(rel_bytes=16384, max_message=4000)
+    p.run(300)
+    gw.take()
+    n = 0
+    for _ in range(20):
+        port.publish(1, bytes(3000), 0, 3000, True)
+        n += 1
+    assert port.c_congested > 0
+    assert gw.take("error") == [("error", "pub", 1, "link_congested")]
+    p.run(500)
+    got = [c for c in comp.calls if c[0] == "publish"]
+    assert len(got) == n - port.c_congested
+
+
+def test_gateway_restart_resets_companion_and_restores():
+    p, port, gw, comp, end = setup()
+    gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    assert comp.live == {("p", 1): "/a"}
+    # a new gateway process (new epoch) with the same registrations
+    gs2 = L.LinkSession(None, 303, True)
+    port2 = L.LinkRosPort(gs2)
+    gw2 = FakeGateway()
+    gw2.port = port2
+    port2.sink = gw2
+    gw2.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
+    gw2.pubs[5] = ("/b", "std_msgs/msg/String", QOS_R)
+    p.a = gs2
+    t0 = p.now
+    p.run(1000, until=lambda: len(gw2.take("result")) == 2)
+    assert p.now - t0 < 1000
+    assert ("reset",) in comp.calls
+    assert comp.live == {("p", 1): "/a", ("p", 5): "/b"}
+
+
+def test_companion_restart_gets_registrations_again():
+    p, port, gw, comp, end = setup()
+    gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
+    gw.subs[2] = ("/s", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    cs2 = L.LinkSession(None, 404, False)
+    comp2 = FakeCompanion("jazzy")
+    end2 = L.LinkCompanionEnd(cs2, comp2)
+    comp2.sink = end2
+    p.b = cs2
+    gw.take()
+    p.run(1000, until=lambda: len(comp2.live) == 2)
+    assert gw.take("down") == [("down",)]
+    assert gw.take("up") == [("up", "jazzy", port.max_message())]
+    assert ("reset",) not in comp2.calls
+    assert comp2.live == {("p", 1): "/a", ("s", 2): "/s"}
+
+
+def test_glitch_resume_dedups_registrations():
+    cut = {"on": False}
+    p, port, gw, comp, end = setup()
+    p.mangle = lambda data, d: [] if cut["on"] else [data]
+    gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    n_adv = len([c for c in comp.calls if c[0] == "advertise"])
+    port.publish(1, b"m1", 0, 2, True)
+    cut["on"] = True
+    port.publish(1, b"m2", 0, 2, True)
+    p.run(3000)
+    assert gw.take("down") == [("down",)]
+    port.publish(1, b"m3", 0, 2, True)
+    gw.take()
+    cut["on"] = False
+    p.run(1000)
+    assert gw.take("up")
+    # the same gateway epoch: nothing reset, registrations not re-created, results re-sent
+    assert ("reset",) not in comp.calls
+    assert len([c for c in comp.calls if c[0] == "advertise"]) == n_adv
+    assert gw.take("result") == [("result", "pub", 1, None)]
+    pubs = [c[2] for c in comp.calls if c[0] == "publish"]
+    assert pubs == [b"m1", b"m2", b"m3"]
+
+
+def test_stats_to_companion():
+    p, port, gw, comp, end = setup()
+    p.run(300)
+    port.send_stats({"clients": 2, "link": {"crc_err": 0}})
+    p.run(20)
+    assert comp.stats == {"clients": 2, "link": {"crc_err": 0}}
+    assert "pub_congested" in port.counters() and "msg_too_large" in end.counters()

@@ -1,0 +1,133 @@
+"""The link over UDP on 127.0.0.1: 5% loss, duplication and reordering through a proxy; peer
+locking; restarts of either end. Virtual clock: see helpers.World."""
+
+from __future__ import annotations
+
+import socket
+
+import ubrb_min as L
+from tests.link.helpers import (
+    QOS_BE,
+    QOS_R,
+    CompanionEnd,
+    GatewayEnd,
+    UdpProxy,
+    World,
+    free_udp_port,
+    payload,
+    seqno,
+)
+
+
+def registrations(g: GatewayEnd) -> None:
+    g.gw.pubs[1] = ("/cmd", "std_msgs/msg/String", QOS_R)
+    g.gw.pubs[2] = ("/pose", "geometry_msgs/msg/Pose", QOS_BE)
+    g.gw.subs[7] = ("/odom", "nav_msgs/msg/Odometry", QOS_R)
+
+
+def test_udp_loss_dup_reorder_exactly_once() -> None:
+    cport = free_udp_port()
+    c = CompanionEnd(f"udp://127.0.0.1:{cport}", epoch=2)
+    proxy = UdpProxy(("127.0.0.1", cport), seed=42)
+    g = GatewayEnd(f"udp://127.0.0.1:{proxy.port}", epoch=1)
+    registrations(g)
+    w = World()
+    w.drivers += [g.d, c.d]
+    w.proxies.append(proxy)
+    try:
+        assert w.run(3000, until=lambda: bool(g.gw.ups) and len(c.comp.live) == 3)
+        N = 400
+        sizes = [10, 300, 1390, 5000, 64]
+        sent = back = be = 0
+        for _ in range(20_000):
+            while sent < N and g.s.send(L.LK_T_PUB, 1, payload(sent, sizes[sent % 5]), 0,
+                                        sizes[sent % 5], True) == L.LK_OK:
+                sent += 1
+            if w.now % 2 == 0:
+                g.port.publish(2, payload(be, 200), 0, 200, False)
+                be += 1
+            if back < N:
+                c.end.ros_message(7, payload(back, 500), 0, 500)
+                back += 1
+            w.step()
+            if len(c.comp.published.get(1, [])) == N and len(g.gw.messages.get(7, [])) == N:
+                break
+        assert [seqno(m) for m in c.comp.published[1]] == list(range(N))
+        for i, m in enumerate(c.comp.published[1]):
+            assert m == payload(i, sizes[i % 5])
+        assert [seqno(m) for m in g.gw.messages[7]] == list(range(N))
+        got_be = [seqno(m) for m in c.comp.published.get(2, [])]
+        assert 0 < len(got_be) <= be and len(set(got_be)) == len(got_be)  # never duplicated
+        st = proxy.stats
+        assert st["lost"] and st["dup"] and st["reordered"]
+        cg = g.d.counters()
+        assert cg["retx"] > 0 and cg["frag_tx"] > 0 and cg["down"] == 0
+        assert c.d.counters()["dup"] + c.d.counters()["ooo"] > 0
+    finally:
+        for x in (g.d, c.d, proxy):
+            x.close()
+
+
+def test_udp_peer_locked_foreign_ignored_and_restarts() -> None:
+    cport = free_udp_port()
+    url = f"udp://127.0.0.1:{cport}"
+    c = CompanionEnd(url, epoch=20)
+    g = GatewayEnd(url, epoch=10)
+    registrations(g)
+    w = World()
+    w.drivers += [g.d, c.d]
+    stray = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert w.run(3000, until=lambda: bool(g.gw.ups) and len(c.comp.live) == 3)
+        assert c.t.peer == g.t.local_address()
+        # datagrams from another address: ignored and counted, the session is untouched
+        g.s.send(L.LK_T_PUB, 1, b"real", 0, 4, True)
+        n = g.s.poll_tx(w.now)  # a valid data frame, replayed from a stranger
+        stray.sendto(bytes(g.s.tx_buf[:n]), ("127.0.0.1", cport))
+        stray.sendto(b"garbage", ("127.0.0.1", cport))
+        w.run(100)
+        assert c.d.counters()["foreign"] == 2
+        # the gateway restarts: new process, new ephemeral port, new epoch
+        old_addr = g.t.local_address()
+        g.d.close()
+        w.drivers.remove(g.d)
+        g2 = GatewayEnd(url, epoch=11)
+        g2.gw.pubs[4] = ("/new", "std_msgs/msg/String", QOS_R)
+        w.drivers.append(g2.d)
+        t0 = w.now
+        assert w.run(2000, until=lambda: c.comp.live == {("p", 4): "/new"})
+        assert w.now - t0 <= 1000 and c.comp.resets == 1
+        assert c.t.peer == g2.t.local_address() != old_addr
+        for i in range(50):
+            g2.port.publish(4, payload(i, 100), 0, 100, True)
+        assert w.run(2000, until=lambda: len(c.comp.published.get(4, [])) == 50)
+        assert [seqno(m) for m in c.comp.published[4]] == list(range(50))
+        # the companion restarts on the same port
+        c.d.close()
+        w.drivers.remove(c.d)
+        w.run(2500)  # long enough for the gateway to notice (< 3 s)
+        assert g2.gw.downs == 1
+        c2 = CompanionEnd(url, epoch=21)
+        w.drivers.append(c2.d)
+        t0 = w.now
+        assert w.run(2000, until=lambda: c2.comp.live == {("p", 4): "/new"})
+        assert w.now - t0 <= 1000 and len(g2.gw.ups) == 2
+        for i in range(50, 80):
+            g2.port.publish(4, payload(i, 100), 0, 100, True)
+        assert w.run(2000, until=lambda: len(c2.comp.published.get(4, [])) == 30)
+        assert [seqno(m) for m in c2.comp.published[4]] == list(range(50, 80))
+    finally:
+        stray.close()
+        for d in w.drivers:
+            d.close()
+
+
+def test_udp_parse_urls() -> None:
+    from ports.cpython.link_transport import parse_link_url
+
+    assert parse_link_url("udp://10.0.0.2:9000") == ("udp", "10.0.0.2", 9000)
+    assert parse_link_url("udp://[::1]:9000") == ("udp", "::1", 9000)
+    assert parse_link_url("udp://host") == ("udp", "host", 8269)
+    assert parse_link_url("serial:/dev/ttyUSB0") == ("serial", "/dev/ttyUSB0", 0)
+    assert parse_link_url("serial:socket://localhost:7000") == (
+        "serial", "socket://localhost:7000", 0)
