@@ -2229,6 +2229,9 @@ class LinkCompanionEnd:
             self.results.clear()
             self.sub_rel.clear()
         self.had = True
+        f = getattr(self.companion, "set_max_message", None)
+        if f is not None:
+            f(self.s.max_send())           # the companion drops bigger ROS messages up front
         self._ctl(LK_T_CHELLO, 0, {"distro": getattr(self.companion, "distro", None)})
 
     def link_down(self):

@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--link-mtu", type=int, default=1400, metavar="BYTES", help="largest UDP datagram (1400)"
     )
     m.add_argument(
+        "--max-message",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="link mode: largest message this end accepts (default and cap: just under 8 MiB); "
+        "the gateway's own limit applies too, whichever is smaller",
+    )
+    m.add_argument(
         "--listen",
         default=None,
         metavar="HOST:PORT",
@@ -150,11 +158,14 @@ def run_direct(args: argparse.Namespace) -> int:
 
 
 def run_link(args: argparse.Namespace) -> int:
-    from ports.cpython.link_transport import open_companion_link
+    from ports.cpython.link_transport import MAX_MESSAGE_CAP, open_companion_link
 
-    companion = make_companion(args, None)
+    max_message = min(args.max_message or MAX_MESSAGE_CAP, MAX_MESSAGE_CAP)
+    companion = make_companion(args, None, max_message)
     try:
-        end, driver = open_companion_link(args.link, companion, baud=args.baud, mtu=args.link_mtu)
+        end, driver = open_companion_link(
+            args.link, companion, baud=args.baud, mtu=args.link_mtu, max_message=max_message
+        )
     except (OSError, ValueError) as e:
         companion.close()
         print(f"ros_side: cannot open link {args.link}: {e}", file=sys.stderr)
