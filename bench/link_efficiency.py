@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ubrb_min as L  # noqa: E402
+from ports.cpython import link_transport as LT  # noqa: E402
 
 
 class Sink:
@@ -86,8 +87,8 @@ def stream(datagram: bool, frame: int, size: int, count: int, reliable: bool,
 
 def main() -> None:
     rows = []
-    for name, dg, frame in (("serial", False, 1024), ("serial 2K", False, 2048),
-                            ("udp", True, 1400)):
+    for name, dg, frame in (("serial", False, LT.SERIAL_FRAME), ("serial 1K", False, 1024),
+                            ("serial 2K", False, 2048), ("udp", True, LT.DEFAULT_MTU)):
         for size in (64, 1024):
             for rel in (True, False):
                 f, both, ovh = stream(dg, frame, size, 3000 if size == 64 else 600, rel)
@@ -99,6 +100,13 @@ def main() -> None:
           f"{'both %':>7} {'overhead B/msg':>14}")
     for r in rows:
         print(f"{r[0]:10} {r[1]:5d} {r[2]:5d} {r[3]:16} {r[4]:9.2f} {r[5]:7.2f} {r[6]:14.2f}")
+    # The same figure for the alternatives, from their fixed per-message framing cost:
+    # rosserial 8 bytes (sync, length, checksums, topic id), Micro XRCE-DDS 19 bytes (serial
+    # framing + session, submessage and data headers), one message per frame in both.
+    print("\nreference, one message per frame (forward %):")
+    for ref, ovh in (("rosserial", 8), ("Micro XRCE-DDS", 19)):
+        print(f"  {ref:15} " + "  ".join(
+            f"{size:5d} B: {100.0 * size / (size + ovh):6.2f}" for size in (64, 1024)))
 
 
 if __name__ == "__main__":

@@ -337,6 +337,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     for line in core.format_budget(args.profile, profile).splitlines():
         log.info(line)
     ros, link = open_link(args, profile)
+    if link is not None:
+        link_bytes = sum(
+            len(v) for v in vars(link.s).values() if isinstance(v, (bytearray, memoryview))
+        )
+        log.info("  link session buffers: %s", core.human_bytes(link_bytes))
     gw = core.Gateway(profile, ros=ros, log=make_logger())
     try:
         server = GatewayServer(gw, parse_hostport(args.listen), link=link)

@@ -30,7 +30,7 @@ log = logging.getLogger("ubrb.link")
 
 DEFAULT_UDP_PORT = 8269
 DEFAULT_MTU = 1400
-SERIAL_FRAME = 1024           # serial frame cap: 98% payload at 1 KiB, 89 ms per frame at 115200
+SERIAL_FRAME = 1088           # serial frame cap: a 1 KiB message and its headers fit one frame (95 ms at 115200)
 REOPEN_MS = 500
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
 MAX_MESSAGE_CAP = (1 << 23) - 64
@@ -334,8 +334,9 @@ def session_for(transport: Any, gateway: bool, max_message: int, mtu: int = DEFA
         max_frame=mtu if transport.datagram else SERIAL_FRAME,
         max_message=mm,
         window=16 if transport.datagram else 8,
-        rel_bytes=max(2 * mm, 1 << 18) + 8192,
-        be_bytes=max(mm + 4096, 1 << 17),
+        # Small profiles (mcu) get small rings: the budget follows the largest message.
+        rel_bytes=max(2 * mm, min(1 << 18, 4 * mm)) + 8192,
+        be_bytes=max(mm + 4096, min(1 << 17, 4 * mm)),
     )
 
 

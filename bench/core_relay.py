@@ -1,0 +1,200 @@
+"""Relay cost of the gateway core: time and heap per PUBLISH -> ROS side and ROS -> MESSAGE.
+
+Prints, in one run:
+  * CPython: relays/s and net heap growth (tracemalloc) for the core's path, next to a naive
+    relay written the usual way (bytes slicing + struct.unpack + bytes concatenation per frame);
+  * MicroPython (the npm WebAssembly build under Node, if installed): heap bytes allocated per
+    relay with the collector disabled, for the same two paths.
+
+Usage: .venv/bin/python bench/core_relay.py [--count N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import subprocess
+import sys
+import time
+import tracemalloc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests", "core"))
+
+import ubrb_min as U  # noqa: E402
+from scripted import Client, advertise, gateway, hello, publish, subscribe  # noqa: E402
+
+SIZES = (64, 1024, 65536)
+
+
+def core_setup(size: int):
+    gw, ros = gateway(max_payload=size + 64, queue_bytes=4 * size + 8192, max_control=512)
+    ros.max = size + 64
+    ros.last = bytearray(size + 64)
+    ros.up()
+    ros.record = False
+    a, b = Client(gw), Client(gw)
+    a.send(hello() + advertise(1, "/in"))
+    b.send(hello() + subscribe(2, "/out"))
+    a.frames()
+    b.frames()
+    frame = publish(1, bytes(size))
+    msg = bytearray(size)
+    slot = gw.subs.find("/out")
+    dec, q = a.session.decoder, b.session.queue
+
+    def relay(n: int) -> None:
+        flen = len(frame)
+        for i in range(n):
+            U.copy_into(dec.buf, dec.fill, frame, 0, flen)
+            gw.received(a.ci, flen, i)
+            gw.ros_message(slot, msg, 0, size)
+            q.sent(q.pending())
+
+    return relay
+
+
+def naive_setup(size: int):
+    """The usual way: accumulate bytes, slice frames out, build output with concatenation."""
+    frame = publish(1, bytes(size))
+    msg = bytes(size)
+    state = {"rx": b"", "out": [], "published": None}
+
+    def relay(n: int) -> None:
+        for _ in range(n):
+            state["rx"] += frame
+            rx = state["rx"]
+            while len(rx) >= 12:
+                (length,) = struct.unpack("<I", rx[8:12])
+                if len(rx) < 12 + length:
+                    break
+                payload = rx[12 : 12 + length]
+                rx = rx[12 + length :]
+                (pid,) = struct.unpack("<I", payload[:4])
+                state["published"] = payload[4:]
+            state["rx"] = rx
+            out = b"UBRB\x01\x08\x00\x00" + struct.pack("<I", 4 + size) + struct.pack("<I", 2) + msg
+            state["out"].append(out)
+            state["out"].clear()
+
+    return relay
+
+
+def measure_cpython(setup, size: int, count: int):
+    relay = setup(size)
+    relay(200)
+    t0 = time.perf_counter()
+    relay(count)
+    dt = time.perf_counter() - t0
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    relay(count)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.reset_peak()
+    relay(200)
+    peak = tracemalloc.get_traced_memory()[1] - before
+    tracemalloc.stop()
+    return count / dt, grown, peak
+
+
+MP_SCRIPT = r"""
+import gc, sys, struct
+sys.path.append('/lib')
+import ubrb_min as U
+from scripted import Client, advertise, gateway, hello, publish, subscribe
+COUNT = %d
+def core(size):
+    gw, ros = gateway(max_payload=size + 64, queue_bytes=4 * size + 8192, max_control=512)
+    ros.max = size + 64; ros.last = bytearray(size + 64); ros.up(); ros.record = False
+    a = Client(gw); b = Client(gw)
+    a.send(hello() + advertise(1, "/in")); b.send(hello() + subscribe(2, "/out"))
+    a.frames(); b.frames()
+    frame = publish(1, bytes(size)); msg = bytearray(size); slot = gw.subs.find("/out")
+    dec = a.session.decoder; q = b.session.queue; flen = len(frame)
+    def relay(n):
+        for i in range(n):
+            U.copy_into(dec.buf, dec.fill, frame, 0, flen)
+            gw.received(a.ci, flen, i)
+            gw.ros_message(slot, msg, 0, size)
+            q.sent(q.pending())
+    return relay
+def naive(size):
+    frame = publish(1, bytes(size)); msg = bytes(size); st = [b""]
+    def relay(n):
+        for _ in range(n):
+            rx = st[0] + frame
+            while len(rx) >= 12:
+                length = struct.unpack("<I", rx[8:12])[0]
+                if len(rx) < 12 + length: break
+                payload = rx[12:12 + length]; rx = rx[12 + length:]
+                pid = struct.unpack("<I", payload[:4])[0]; data = payload[4:]
+            st[0] = rx
+            out = b"UBRB\x01\x08\x00\x00" + struct.pack("<I", 4 + size) + struct.pack("<I", 2) + msg
+    return relay
+for size in (64, 1024):
+    for name, mk in (("core", core), ("naive", naive)):
+        relay = mk(size); relay(50)
+        gc.collect(); gc.disable()
+        a = gc.mem_alloc(); relay(COUNT); d = gc.mem_alloc() - a
+        gc.enable(); gc.collect()
+        print("MP", name, size, d)
+"""
+
+
+def measure_micropython(count: int):
+    runner = os.path.join(ROOT, "node_modules", "@micropython", "micropython-webassembly-pyscript")
+    if not os.path.isdir(runner):
+        return None
+    js = (
+        'import { loadMicroPython } from "@micropython/micropython-webassembly-pyscript";\n'
+        'import fs from "fs";\n'
+        "const mp = await loadMicroPython({stdout:(l)=>process.stdout.write(l+'\\n')});\n"
+        "mp.FS.mkdir('/lib');\n"
+        "mp.FS.writeFile('/lib/ubrb_min.py', fs.readFileSync('ubrb_min.py'));\n"
+        "mp.FS.writeFile('/lib/scripted.py', fs.readFileSync('tests/core/scripted.py'));\n"
+        "mp.runPython(fs.readFileSync(0, 'utf8'));\n"
+    )
+    path = os.path.join(ROOT, "build", "bench_mp.mjs")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(js)
+    r = subprocess.run(
+        ["node", path], input=MP_SCRIPT % count, capture_output=True, text=True, cwd=ROOT
+    )
+    rows = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("MP "):
+            _, name, size, d = line.split()
+            rows[(name, int(size))] = int(d)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=10000)
+    args = ap.parse_args()
+    n = args.count
+    print(f"CPython {sys.version.split()[0]}: {n} relays (one PUBLISH in + one MESSAGE out each)")
+    print(f"{'payload':>8} | {'core relays/s':>13} | {'core heap growth':>16} | "
+          f"{'naive relays/s':>14} | {'naive heap growth':>17} | {'naive peak':>10}")
+    for size in SIZES:
+        c_rate, c_grown, _ = measure_cpython(core_setup, size, n)
+        n_rate, n_grown, n_peak = measure_cpython(naive_setup, size, n)
+        print(f"{size:>8} | {c_rate:>13,.0f} | {c_grown:>14} B | {n_rate:>14,.0f} | "
+              f"{n_grown:>15} B | {n_peak:>8} B")
+    rows = measure_micropython(n)
+    if rows is None:
+        print("\nMicroPython: node_modules missing (run `make node_modules`)")
+        return
+    print(f"\nMicroPython 1.27 (WebAssembly): heap bytes allocated over {n} relays, gc disabled")
+    print(f"{'payload':>8} | {'core':>10} | {'naive':>12} | naive per relay")
+    for size in (64, 1024):
+        c, nv = rows.get(("core", size)), rows.get(("naive", size))
+        per = f"{nv / n:.0f} B" if nv is not None else "?"
+        print(f"{size:>8} | {c!s:>8} B | {nv!s:>10} B | {per}")
+
+
+if __name__ == "__main__":
+    main()
