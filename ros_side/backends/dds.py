@@ -32,9 +32,11 @@ raw API exists in 11.0.1, so the package version is pinned and the tests cover t
   ``len`` rounded up to 4 — and, measured here, the extra bytes are whatever was in Cyclone's
   buffer, not zeros (fragmented samples, DATA_FRAG, carry the exact size and arrive exact;
   in-process readers always get the exact bytes). So ``publish`` does what cyclonedds' own
-  ``DataWriter.write`` does: it appends 0-3 zero bytes when the length is not a multiple of 4
-  and leaves the encapsulation header as the client wrote it. A ROS 2 subscriber therefore gets
-  the client's bytes, followed by at most 3 zero bytes; CDR deserializers ignore them. Bytes
+  ``DataWriter.write`` does: it appends 0-3 zero bytes when the length is not a multiple of 4,
+  and records their number in the two low bits of the encapsulation options (XTypes 1.3,
+  7.6.3.1.2), as Cyclone's own serializer does. A ROS 2 subscriber therefore gets the client's
+  bytes followed by at most 3 zero bytes, with the header saying how many; CDR deserializers
+  ignore them. Messages serialized by rmw (rclpy) are already padded and pass unchanged. Bytes
   received from DDS are passed on exactly as they arrive.
 * ``cyclonedds._clayer.ddspy_take(reader_entity: int, mask: int, n: int)`` -> list of
   ``(bytes, SampleInfo)`` or an ``int`` DDS error code; ``bytes`` include the 4-byte header.
@@ -251,7 +253,13 @@ class DdsBackend:
             return
         pad = -len(data) % 4
         if pad:  # see the module docstring: zeros, never Cyclone's uninitialised padding
-            data = bytes(data) + _ZEROS[:pad]
+            b = bytearray(data)
+            b += _ZEROS[:pad]
+            if len(b) >= 4 and not b[3] & 3:
+                # XTypes 1.3, 7.6.3.1.2: the two low bits of the encapsulation options count
+                # the padding bytes at the end, so a receiver can recover the exact length.
+                b[3] |= pad
+            data = bytes(b)
         ret = ddspy_write(w._ref, data)
         if ret < 0:
             raise DDSException(ret, "ddspy_write on %s" % handle.topic)
