@@ -78,3 +78,11 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) node_modules
+
+# make demo: gateway + companion (dds backend) over a UDP link on 127.0.0.1, the simulated robot
+# (ubrb_client sim) and a ROS-side observer driving /cmd_vel; a live table until Ctrl-C.
+# Options go in DEMO_ARGS, e.g. make demo DEMO_ARGS="--duration 20 --ports 0 --domain 42".
+DEMO_ARGS ?=
+.PHONY: demo
+demo: venv
+	$(VBIN)/python tools/demo.py $(DEMO_ARGS)

@@ -36,7 +36,7 @@ raw API exists in 11.0.1, so the package version is pinned and the tests cover t
   and records their number in the two low bits of the encapsulation options (XTypes 1.3,
   7.6.3.1.2), as Cyclone's own serializer does. A ROS 2 subscriber therefore gets the client's
   bytes followed by at most 3 zero bytes, with the header saying how many; CDR deserializers
-  ignore them. Messages serialized by rmw (rclpy) are already padded and pass unchanged. Bytes
+  ignore them. A message whose length is a multiple of 4 passes unchanged. Bytes
   received from DDS are passed on exactly as they arrive.
 * ``cyclonedds._clayer.ddspy_take(reader_entity: int, mask: int, n: int)`` -> list of
   ``(bytes, SampleInfo)`` or an ``int`` DDS error code; ``bytes`` include the 4-byte header.
