@@ -238,8 +238,14 @@ if IS_MICROPYTHON:
     def copy_into(dst, doff, src, soff, n):
         # A memoryview slice is a heap object on MicroPython; a counted loop is not. Payloads on
         # MCU-class gateways are a few KiB, so this stays cheap there.
-        for i in range(n):
-            dst[doff + i] = src[soff + i]
+        if dst is src and doff > soff:  # overlapping move up: copy from the end
+            i = n - 1
+            while i >= 0:
+                dst[doff + i] = src[soff + i]
+                i -= 1
+        else:
+            for i in range(n):
+                dst[doff + i] = src[soff + i]
 
 else:
 
@@ -1261,22 +1267,6 @@ def lk_hck(b0, b1, b2):
     return t[t[t[0xFF ^ b0] ^ b1] ^ b2]
 
 
-if _LK_MP:
-    def _lk_copy(dst, doff, src, soff, n):
-        # memoryview slices allocate on MicroPython: plain loop instead
-        if dst is src and doff > soff:
-            i = n - 1
-            while i >= 0:
-                dst[doff + i] = src[soff + i]
-                i -= 1
-        else:
-            for i in range(n):
-                dst[doff + i] = src[soff + i]
-else:
-    def _lk_copy(dst, doff, src, soff, n):
-        memoryview(dst)[doff:doff + n] = memoryview(src)[soff:soff + n]
-
-
 def _lk_crc(buf, off, n, seed):
     if off == 0 and n == len(buf):
         return _lk_crc32(buf, seed)
@@ -1304,20 +1294,20 @@ def _lk_ring_put(ring, pos, src, soff, n):
     cap = len(ring)
     k = cap - pos
     if k >= n:
-        _lk_copy(ring, pos, src, soff, n)
+        copy_into(ring, pos, src, soff, n)
     else:
-        _lk_copy(ring, pos, src, soff, k)
-        _lk_copy(ring, 0, src, soff + k, n - k)
+        copy_into(ring, pos, src, soff, k)
+        copy_into(ring, 0, src, soff + k, n - k)
 
 
 def _lk_ring_get(dst, doff, ring, pos, n):
     cap = len(ring)
     k = cap - pos
     if k >= n:
-        _lk_copy(dst, doff, ring, pos, n)
+        copy_into(dst, doff, ring, pos, n)
     else:
-        _lk_copy(dst, doff, ring, pos, k)
-        _lk_copy(dst, doff + k, ring, 0, n - k)
+        copy_into(dst, doff, ring, pos, k)
+        copy_into(dst, doff + k, ring, 0, n - k)
 
 
 _LK_COUNTERS = (
@@ -1714,19 +1704,19 @@ class LinkSession:
             if self.rx_n == 0:               # fast path: frames straight from buf
                 p = self._parse(buf, off, end)
                 k = end - p
-                _lk_copy(rx, 0, buf, p, k)    # k < max_frame by construction
+                copy_into(rx, 0, buf, p, k)    # k < max_frame by construction
                 self.rx_n = k
                 return
             k = len(rx) - self.rx_n
             if k > end - off:
                 k = end - off
-            _lk_copy(rx, self.rx_n, buf, off, k)
+            copy_into(rx, self.rx_n, buf, off, k)
             off += k
             self.rx_n += k
             p = self._parse(rx, 0, self.rx_n)
             k = self.rx_n - p
             if p > 0 and k > 0:
-                _lk_copy(rx, 0, rx, p, k)
+                copy_into(rx, 0, rx, p, k)
             self.rx_n = k
 
     def _parse(self, b, p, end):
@@ -2006,7 +1996,7 @@ class LinkSession:
                 k = self.asm_need - self.asm_n
                 if k > end - p:
                     k = end - p
-                _lk_copy(self.asm, self.asm_n, b, p, k)
+                copy_into(self.asm, self.asm_n, b, p, k)
                 self.asm_n += k
                 p += k
             if self.asm_need and self.asm_n == self.asm_need:
@@ -2076,7 +2066,7 @@ class LinkSession:
             self.c_proto += 1
             self.b_active = False
             return
-        _lk_copy(self.basm, self.b_n, b, p, k)
+        copy_into(self.basm, self.b_n, b, p, k)
         self.b_n += k
         self.b_seq = seq
         self.c_frag_rx += 1
