@@ -1352,6 +1352,7 @@ class LinkSession:
         self.f_retx = bytearray(64)
         self.hb = bytearray(LK_RHDR_MAX)
         self.tag = bytearray(6)
+        self.h_var = self.h_slot = self.h_type = self.h_len = 0  # record header being parsed
         # counters (plain ints: increments allocate nothing)
         self.c_rx_frames = self.c_tx_frames = self.c_rx_bytes = self.c_tx_bytes = 0
         self.c_crc_err = self.c_hdr_err = self.c_resync = self.c_noise = 0
@@ -1904,40 +1905,36 @@ class LinkSession:
         r = self.srtt + v
         self.rto = LK_RTO_MIN if r < LK_RTO_MIN else (LK_RTO_MAX if r > LK_RTO_MAX else r)
 
+    def _varint(self, b, q, end, max_shift):
+        # LEB128 at b[q:end] into self.h_var; the offset after it, 0 if incomplete, -1 if too long
+        v = 0
+        sh = 0
+        while True:
+            if q >= end:
+                return 0
+            c = b[q]
+            q += 1
+            v |= (c & 0x7F) << sh
+            if c < 0x80:
+                self.h_var = v
+                return q
+            sh += 7
+            if sh > max_shift:
+                return -1
+
     def _hdr(self, b, p, end):
         # parse a record header; 0: incomplete, -1: malformed, else its length
         if p >= end:
             return 0
-        q = p + 1
-        v = 0
-        sh = 0
-        while True:
-            if q >= end:
-                return 0
-            c = b[q]
-            q += 1
-            v |= (c & 0x7F) << sh
-            if c < 0x80:
-                break
-            sh += 7
-            if sh > 14:
-                return -1
-        self.h_slot = v
-        v = 0
-        sh = 0
-        while True:
-            if q >= end:
-                return 0
-            c = b[q]
-            q += 1
-            v |= (c & 0x7F) << sh
-            if c < 0x80:
-                break
-            sh += 7
-            if sh > 21:
-                return -1
+        q = self._varint(b, p + 1, end, 14)
+        if q <= 0:
+            return q
+        self.h_slot = self.h_var
+        q = self._varint(b, q, end, 21)
+        if q <= 0:
+            return q
         self.h_type = b[p]
-        self.h_len = v
+        self.h_len = self.h_var
         return q - p
 
     def _rel_body(self, b, p, end):
@@ -2015,32 +2012,17 @@ class LinkSession:
             self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, False)
             p += self.h_len
 
-    def _var(self, b, p, end):
-        v = 0
-        sh = 0
-        while p < end:
-            c = b[p]
-            p += 1
-            v |= (c & 0x7F) << sh
-            if c < 0x80:
-                self.h_var = v
-                return p
-            sh += 7
-            if sh > 21:
-                break
-        return -1
-
     def _be_frag(self, b, p, end, seq, now):
         if self.b_active and seq == self.b_seq:
             self.c_dup += 1
             return
-        p = self._var(b, p, end)
-        if p < 0:
+        p = self._varint(b, p, end, 21)  # a fragment is whole: incomplete is malformed too
+        if p <= 0:
             self.c_proto += 1
             return
         tot = self.h_var
-        p = self._var(b, p, end)
-        if p < 0:
+        p = self._varint(b, p, end, 21)
+        if p <= 0:
             self.c_proto += 1
             return
         o = self.h_var
