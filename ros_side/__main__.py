@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, List, Optional
 
-from .cli import add_arguments, make_companion, strip_ros_args
+from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args
 
 log = logging.getLogger("ros_side")
 
@@ -219,7 +219,8 @@ def run_link(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = strip_ros_args(sys.argv[1:] if argv is None else argv)
+    raw = sys.argv[1:] if argv is None else argv
+    argv = ros_params_as_flags(raw) + strip_ros_args(raw)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),

@@ -28,6 +28,34 @@ def add_arguments(parser):
     return parser
 
 
+def ros_params_as_flags(argv):
+    """`--ros-args -p name:=value ...` as command-line flags, so every flag is also a ROS parameter.
+
+    `ros2 run ros_side ros_side --ros-args -p link:=udp://0.0.0.0:8269 -p baud:=921600` is
+    `--link udp://0.0.0.0:8269 --baud 921600`; a boolean flag takes `name:=true`. Flags given
+    on the command line itself come after these and win.
+    """
+    flags, in_ros, i = [], False, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--ros-args":
+            in_ros = True
+        elif a == "--":
+            in_ros = False
+        elif in_ros and a in ("-p", "--param") and i + 1 < len(argv):
+            name, sep, value = argv[i + 1].partition(":=")
+            i += 1
+            if sep and name and "." not in name and not name.startswith("use_sim_time"):
+                flag = "--" + name.replace("_", "-")
+                if value.lower() in ("true", "false"):
+                    if value.lower() == "true":
+                        flags.append(flag)
+                else:
+                    flags += [flag, value]
+        i += 1
+    return flags
+
+
 def strip_ros_args(argv):
     out, skipping = [], False
     for a in argv:

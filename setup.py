@@ -1,4 +1,4 @@
-# Draft for the repository root (move to ./setup.py). One setup.py serves colcon (ament_python)
+# One setup.py serves colcon (ament_python)
 # and pip: `colcon build` finds package.xml at the repo root; `pip install .[dds]` installs the
 # same modules with the PyPI backend.
 from glob import glob
@@ -10,7 +10,7 @@ package_name = "ros_side"
 setup(
     name=package_name,
     version="0.1.0",
-    packages=["ros_side", "ros_side.backends"],
+    packages=["ros_side", "ros_side.backends", "ports", "ports.cpython"],
     py_modules=["ubrb_min"],  # direct mode runs the gateway core in-process
     data_files=[
         ("share/ament_index/resource_index/packages", ["ros_side/resource/ros_side"]),
