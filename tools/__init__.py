@@ -1,0 +1,1 @@
+"""Developer tools: ``tools/demo.py`` (``make demo``) and ``tools/ros_observer.py``."""
