@@ -11,7 +11,7 @@ VBIN := $(VENV)/bin
 VENV_STAMP := $(VENV)/.stamp
 NODE_STAMP := node_modules/.stamp
 PYTEST_ARGS ?=
-TYPECHECK_PATHS ?= ports/cpython ros_side tests
+TYPECHECK_PATHS ?= ports/cpython ros_side ubrb_client tools bench tests
 
 .PHONY: all help venv node_modules test lint typecheck mpy clean distclean
 

@@ -60,7 +60,7 @@ def naive_setup(size: int):
     """The usual way: accumulate bytes, slice frames out, build output with concatenation."""
     frame = publish(1, bytes(size))
     msg = bytes(size)
-    state = {"rx": b"", "out": [], "published": None}
+    state: dict = {"rx": b"", "out": [], "published": None}
 
     def relay(n: int) -> None:
         for _ in range(n):

@@ -90,7 +90,11 @@ def run_bench(client, *, count: int = 1000, size: int = 64, rate: float = 1000.0
             stats["rx_bytes"] += len(data)
 
     pub = client.advertise(topic, BENCH_TYPE, qos)
-    client.subscribe(pong_topic, BENCH_TYPE, on_msg, qos, raw=True)
+    # A deep reader queue: with KEEP_LAST(10) a reliable burst overwrites samples in the
+    # companion's DDS reader before they are taken, and nothing counts that as a drop.
+    rel = "best_effort" if "best_effort" in str(qos) else "reliable"
+    pong_qos = {"reliability": rel, "durability": "volatile", "depth": 1000}
+    client.subscribe(pong_topic, BENCH_TYPE, on_msg, pong_qos, raw=True)
     if not client.wait_connected(warmup_timeout):
         raise RuntimeError("bench: no connection to the bridge")
     # Warm-up: the ROS side creates its entities asynchronously; probe until one comes back.

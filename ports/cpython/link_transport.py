@@ -81,8 +81,7 @@ class UdpTransport:
             self.sock.bind((local, 0))
             self.peer: Optional[Any] = addr
         else:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind(addr)
+            self.sock.bind(addr)  # no SO_REUSEADDR: a second companion on the port must fail
             self.peer = None
         self.sock.setblocking(False)
         self.last_addr: Any = None

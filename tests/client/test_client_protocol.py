@@ -1,7 +1,7 @@
 """Unit tests of the sans-IO ClientProtocol with injected time (no sockets, no sleeps)."""
 import logging
 
-from tests.client import client_wire as W
+import client_wire as W
 import pytest
 
 from ubrb_client import frames as F

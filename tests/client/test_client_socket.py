@@ -2,7 +2,7 @@
 import threading
 import time
 
-from tests.client import client_wire as W
+import client_wire as W
 import pytest
 from client_fakebridge import FakeServer
 

@@ -55,7 +55,7 @@ class TcpClient:
 
     def expect_closed(self, timeout: float = 5.0) -> List[Tuple[int, bytes]]:
         """Frames received until the server closes; fails if it does not close in time."""
-        frames = []
+        frames: List[Tuple[int, bytes]] = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             f = self.recv_frame(max(0.01, deadline - time.monotonic()))
