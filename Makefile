@@ -3,6 +3,7 @@
 #   make lint       ruff
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
+#   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make clean / distclean
 
 PY ?= python3
