@@ -19,7 +19,7 @@ TYPECHECK_PATHS ?= ports/cpython ros_side ubrb_client tools bench tests
 all: test
 
 help:
-	@sed -n '1,7s/^# \{0,1\}//p' Makefile
+	@sed -n '1,8s/^# \{0,1\}//p' Makefile
 
 venv: $(VENV_STAMP)
 
