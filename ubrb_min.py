@@ -490,6 +490,8 @@ class SlotTable:
         self.reliable = bytearray(size)
         self.refs = [0] * size
         self.count = [-1] * size  # subscriber count of a pub slot; -1 = not reported yet
+        # Freed while the ROS side was unreachable: its release is still owed to the ROS side.
+        self.stale = bytearray(size)
         self.next_free = 0  # round-robin allocation: a freed slot is reused as late as possible
 
     def find(self, topic):
@@ -942,7 +944,8 @@ class Gateway:
                     c,
                     id_,
                     "qos_conflict",
-                    "%s is already %sed with QoS %s" % (topic, table.kind, _qos_text(table.qos[slot])),
+                    "%s is already %s with QoS %s"
+                    % (topic, "advertised" if pub else "subscribed", _qos_text(table.qos[slot])),
                 )
                 return
             table.refs[slot] += 1
@@ -990,8 +993,11 @@ class Gateway:
             self._release_sub(c, c.sub_slot[i])
 
     def _release_pub(self, slot):
-        if self.pubs.release(slot) and self.ros_ready:
-            self.ros.unadvertise(slot)
+        if self.pubs.release(slot):
+            if self.ros_ready:
+                self.ros.unadvertise(slot)
+            else:
+                self.pubs.stale[slot] = 1
 
     def _local_subs_changed(self, topic):
         """Publishers of `topic` see a new count: local subscribers are part of it."""
@@ -1011,8 +1017,11 @@ class Gateway:
     def _release_sub(self, c, slot):
         c.sub_refs[slot] -= 1
         self._local_subs_changed(self.subs.topic[slot])
-        if self.subs.release(slot) and self.ros_ready:
-            self.ros.unsubscribe(slot)
+        if self.subs.release(slot):
+            if self.ros_ready:
+                self.ros.unsubscribe(slot)
+            else:
+                self.subs.stale[slot] = 1
 
     # -- output helpers --------------------------------------------------------------------------
     def _send(self, c, op, payload):
@@ -1058,7 +1067,16 @@ class Gateway:
         self.ros_distro = distro or "unknown"
         self.ros_max_message = min(max_message, self.p["max_payload"])
         self._log("info", "ROS side up (%s, messages up to %d bytes)" % (distro, max_message))
-        # Hand every live registration over: the ROS side starts from nothing after a restart.
+        # Releases that happened while it was unreachable first (a resumed link session still
+        # holds those entities), then every live registration: a restarted ROS side has nothing.
+        for t in (self.pubs, self.subs):
+            for slot in range(t.size):
+                if t.stale[slot]:
+                    t.stale[slot] = 0
+                    if t is self.pubs:
+                        self.ros.unadvertise(slot)
+                    else:
+                        self.ros.unsubscribe(slot)
         for t in (self.pubs, self.subs):
             for slot in range(t.size):
                 if t.refs[slot]:
@@ -1184,7 +1202,8 @@ def _parse_qos(q, id_):
         raise ProtocolError("qos.durability must be volatile or transient_local", id_)
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0 or depth > 100000:
         raise ProtocolError("qos.depth must be an integer from 0 to 100000", id_)
-    return {"reliability": rel, "durability": dur, "depth": depth}
+    # KEEP_LAST(0) is KEEP_LAST(1) in ROS 2: the same QoS, never a conflict.
+    return {"reliability": rel, "durability": dur, "depth": depth if depth > 0 else 1}
 
 
 def _qos_text(q):

@@ -212,3 +212,31 @@ def test_clients_of_this_gateway_count_as_subscribers():
     b.close()
     gw.tick(3000)
     assert a.json_frames(U.OP_SUB_COUNT) == [{"counts": {"1": 0}}]
+
+
+def test_releases_during_an_outage_reach_the_ros_side_when_it_is_back():
+    # A resumed link session still holds the entities: what was released meanwhile must be
+    # released there too, before the live registrations are handed over again.
+    gw, ros = gateway()
+    a, b = ready(gw, 2)
+    a.send(advertise(1, "/a") + subscribe(2, "/b"))
+    b.send(advertise(1, "/c"))
+    ros.take()
+    gw.ros_down()
+    a.close()
+    assert ros.calls == []
+    ros.up()
+    calls = ros.take()
+    assert calls[:2] == [("unadvertise", 0), ("unsubscribe", 0)]
+    assert calls[2:] == [("advertise", 1, "/c", "std_msgs/msg/String", "reliable")]
+    gw.ros_down()
+    ros.up()
+    assert ros.names() == ["advertise"]  # owed once, not forever
+
+
+def test_depth_0_and_1_are_the_same_qos():
+    gw, ros = gateway()
+    a, b = ready(gw, 2)
+    a.send(advertise(1, "/x", qos={"reliability": "reliable", "durability": "volatile", "depth": 0}))
+    b.send(advertise(1, "/x", qos={"reliability": "reliable", "durability": "volatile", "depth": 1}))
+    assert b.errors() == []

@@ -1,0 +1,650 @@
+"""Helpers of the end-to-end tests: UBRB client -> gateway -> link -> companion -> DDS and back.
+
+Everything is real: TCP sockets, the UDP link on 127.0.0.1, pseudo-terminal pairs for the serial
+link, the companion as a ``python -m ros_side`` subprocess, Cyclone DDS between processes.
+
+DDS is confined to loopback (shared/design/ROS-NOTES.md): ``ros_helpers`` sets the loopback
+``CYCLONEDDS_URI`` for this process before any participant exists, and every participant of
+these tests (the independent one here, the companions) gets ``E2E_XML`` explicitly: the same
+loopback configuration plus a discovery tag unique to this run (Cyclone's
+``Discovery/Tag``: participants discover each other only when their tags match). So parallel
+runs of any test directory cannot see each other even if they pick the same domain id; the
+domain id is per run as well (220 + pid % 13).
+
+Bridges (``make_bridge(mode)``):
+
+- ``udp`` / ``serial``: the gateway core with its CPython port (``GatewayServer`` + the link
+  driver from ``open_gateway_link``) runs in a thread of this process, so the tests can read
+  ``gw.counters()`` and the link counters; the companion is a subprocess. For ``serial`` the two
+  ends open the slave sides of two pty pairs whose masters a relay thread joins (no throttling;
+  both ends pace their writes to ``--baud``).
+- ``direct``: ``python -m ros_side --listen 127.0.0.1:0`` (gateway core inside the companion).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROS_TESTS = os.path.join(ROOT, "tests", "ros")
+for _p in (ROOT, ROS_TESTS):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+# Loopback-only CYCLONEDDS_URI for this process, set before any cyclonedds domain exists.
+import ros_helpers  # type: ignore[import-not-found]  # noqa: E402,F401
+from ros_helpers import LOOPBACK_XML  # type: ignore[import-not-found]  # noqa: E402
+
+import ubrb_min as U  # noqa: E402
+from ports.cpython import link_transport as LT  # noqa: E402
+from ports.cpython.gateway import GatewayServer  # noqa: E402
+from tests.link.helpers import Pty, free_udp_port  # noqa: E402
+
+# Cyclone accepts domain ids 0..232; 220..232 keep clear of tests/ros and tests/demo, and their
+# RTPS ports (7400 + 250 * id + ...) lie above the ephemeral port range.
+E2E_DOMAIN = int(os.environ.get("UBRB_E2E_DOMAIN", str(220 + os.getpid() % 13)))
+E2E_TAG = "ubrb-e2e-%d-%s" % (os.getpid(), os.urandom(4).hex())
+E2E_XML = LOOPBACK_XML.replace("<Discovery>", "<Discovery><Tag>%s</Tag>" % E2E_TAG, 1)
+assert E2E_TAG in E2E_XML and '<NetworkInterface name="lo"/>' in E2E_XML
+MODES = ["udp", "serial", "direct"]
+SERIAL_BAUD = 4_000_000    # pty pairs have no line rate; both ends pace to baud/10 bytes/s
+QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+QOS_LATCH = {"reliability": "reliable", "durability": "transient_local", "depth": 1}
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:
+    """Poll ``cond`` until it returns something true or the deadline passes; its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v or time.monotonic() >= end:
+            return v
+        time.sleep(step)
+
+
+def child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["CYCLONEDDS_URI"] = E2E_XML               # never leave the machine; this run only
+    env["ROS_DOMAIN_ID"] = str(E2E_DOMAIN)
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    env.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# -- processes ------------------------------------------------------------------------------------
+class Proc:
+    """A subprocess whose output (stdout + stderr) is collected line by line in the background."""
+
+    def __init__(self, argv: List[str]) -> None:
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     bufsize=1)
+        self.lines: List[str] = []
+        self.cv = threading.Condition()
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cv:
+                self.lines.append(line)
+                self.cv.notify_all()
+        with self.cv:
+            self.cv.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        with self.cv:
+            return "".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout: float = 15.0) -> "re.Match[str]":
+        rx = re.compile(pattern)
+        end = time.monotonic() + timeout
+        with self.cv:
+            k = 0
+            while True:
+                while k < len(self.lines):
+                    m = rx.search(self.lines[k])
+                    if m:
+                        return m
+                    k += 1
+                left = end - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self.t.is_alive()):
+                    raise AssertionError("%r not seen in the output of %s:\n%s"
+                                         % (pattern, " ".join(self.argv), "".join(self.lines)))
+                self.cv.wait(min(left, 0.1))
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up (its DDS entities stay in discovery
+        until their lease expires, its link end just stops answering)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.t.join(5)
+
+    def stop(self) -> Optional[int]:
+        """SIGTERM, then SIGKILL after 5 s. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.t.join(5)
+        return self.proc.returncode
+
+
+def companion_argv(link: str, *extra: str) -> List[str]:
+    return [sys.executable, "-m", "ros_side", "--backend", "dds", "--domain", str(E2E_DOMAIN),
+            "--link", link, "--baud", str(SERIAL_BAUD), *extra]
+
+
+def direct_argv(*extra: str) -> List[str]:
+    return [sys.executable, "-m", "ros_side", "--backend", "dds", "--domain", str(E2E_DOMAIN),
+            "--listen", "127.0.0.1:0", *extra]
+
+
+# -- the serial link: two pty pairs joined by a relay ----------------------------------------------
+class PtyRelay:
+    """gateway <-> slave A | master A <-relay-> master B | slave B <-> companion.
+
+    The slaves are reached through stable symlinks (``url("gw")``, ``url("comp")``), so a
+    restarted companion opens the same path. The relay does not throttle; the link drivers pace
+    their writes to the baud rate themselves."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="ubrb-e2e-")
+        self.a = Pty(os.path.join(self.dir, "gw"))
+        self.b = Pty(os.path.join(self.dir, "comp"))
+        self.moved = [0, 0]
+        self.blackhole = False      # True: bytes are read and dropped (a cut cable)
+        self._stop_r, self._stop_w = os.pipe()
+        self.t = threading.Thread(target=self._run, daemon=True, name="pty-relay")
+        self.t.start()
+
+    def url(self, which: str) -> str:
+        return "serial:" + (self.a.link_path if which == "gw" else self.b.link_path)
+
+    def _run(self) -> None:
+        ma, mb = self.a.master, self.b.master
+        other = {ma: mb, mb: ma}
+        pend = {ma: bytearray(), mb: bytearray()}   # bytes waiting to be written to that master
+        while True:
+            rl = [self._stop_r] + [fd for fd in (ma, mb) if len(pend[other[fd]]) < (1 << 20)]
+            wl = [fd for fd in (ma, mb) if pend[fd]]
+            r, w, _ = select.select(rl, wl, [], 0.5)
+            if self._stop_r in r:
+                return
+            for fd in r:
+                try:
+                    data = os.read(fd, 65536)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:      # EIO while no one has the slave open
+                    time.sleep(0.01)
+                    continue
+                if self.blackhole:
+                    continue
+                pend[other[fd]] += data
+                self.moved[0 if fd == ma else 1] += len(data)
+            for fd in w:
+                try:
+                    n = os.write(fd, pend[fd])
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                except OSError:
+                    n = 0
+                    time.sleep(0.01)
+                del pend[fd][:n]
+
+    def close(self) -> None:
+        os.write(self._stop_w, b"x")
+        self.t.join(5)
+        for fd in (self._stop_r, self._stop_w):
+            os.close(fd)
+        self.a.close()
+        self.b.close()
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+# -- bridges ------------------------------------------------------------------------------------
+class Bridge:
+    mode = "?"
+    port = 0
+    gw: Any = None
+    driver: Any = None
+
+    def link_counters(self) -> Optional[Dict[str, int]]:
+        return None
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class LinkBridge(Bridge):
+    """Gateway (in-process thread, real sockets) == UDP or serial link == companion (process)."""
+
+    def __init__(self, mode: str, profile: Optional[Dict[str, int]] = None,
+                 companion_args: tuple = ()) -> None:
+        self.mode = mode
+        self.companion_args = companion_args
+        self.relay: Optional[PtyRelay] = None
+        self.comp: Optional[Proc] = None
+        self.server: Optional[GatewayServer] = None
+        self.thread: Optional[threading.Thread] = None
+        self.msg_records: Dict[int, int] = defaultdict(int)   # LK_T_MSG records per sub slot
+        try:
+            self._start(profile or {})
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, overrides: Dict[str, int]) -> None:
+        if self.mode == "udp":
+            cport = free_udp_port()
+            self.comp_url = "udp://127.0.0.1:%d" % cport
+            gw_url = self.comp_url
+        else:
+            self.relay = PtyRelay()
+            self.comp_url = self.relay.url("comp")
+            gw_url = self.relay.url("gw")
+        self.start_companion()
+        prof = U.make_profile("pi", overrides)
+        self.ros, self.driver = LT.open_gateway_link(gw_url, baud=SERIAL_BAUD,
+                                                     max_message=prof["max_payload"])
+        self._count_msg_records()
+        self.gw = U.Gateway(prof, ros=self.ros)
+        self.server = GatewayServer(self.gw, ("127.0.0.1", 0), link=self.driver)
+        self.port = int(self.server.address[1])
+        self.thread = threading.Thread(target=self.server.serve, args=(self._report_stats,),
+                                       daemon=True, name="gateway-" + self.mode)
+        self._last_stats = 0.0
+        self.thread.start()
+        assert wait_for(lambda: self.gw.ros_ready, 10), "link to the companion did not come up"
+
+    def _count_msg_records(self) -> None:
+        # The gateway end's LinkSession hands every record to ros.link_message: count the MSG
+        # records per slot (how many times a ROS message crossed the link), then pass them on.
+        inner = self.ros.link_message
+        counts = self.msg_records
+
+        def link_message(t: int, slot: int, buf: Any, off: int, n: int, reliable: bool) -> None:
+            if t == U.LK_T_MSG:
+                counts[slot] += 1
+            inner(t, slot, buf, off, n, reliable)
+        self.ros.link_message = link_message  # type: ignore[method-assign]
+
+    def _report_stats(self) -> bool:
+        # what ports/cpython/gateway.py main() does: gateway + link counters to the companion
+        now = time.monotonic()
+        if now - self._last_stats >= 1.0:
+            self._last_stats = now
+            stats = self.gw.counters()
+            stats.update({"link_" + k: v for k, v in self.driver.counters().items()})
+            self.ros.send_stats(stats)
+        return False
+
+    def start_companion(self) -> None:
+        self.comp = Proc(companion_argv(self.comp_url, *self.companion_args))
+        self.comp.wait_line(r"companion on link")
+
+    def kill_companion(self) -> None:
+        assert self.comp is not None
+        self.comp.kill()
+
+    def link_counters(self) -> Optional[Dict[str, int]]:
+        return dict(self.driver.counters())
+
+    def sub_slot(self, topic: str) -> int:
+        return int(self.gw.subs.find(topic))
+
+    def close(self) -> None:
+        if self.thread is not None:
+            assert self.server is not None
+            self.server.stop()
+            self.thread.join(10)          # serve() closes the sockets and the link on its way out
+        elif self.server is not None:
+            self.server.close()
+        elif self.driver is not None:
+            self.driver.close()
+        if self.comp is not None:
+            self.comp.stop()
+        if self.relay is not None:
+            self.relay.close()
+
+
+class DirectBridge(Bridge):
+    """``python -m ros_side --listen``: the gateway core runs inside the companion process."""
+
+    mode = "direct"
+
+    def __init__(self, extra: tuple = ()) -> None:
+        self.comp = Proc(direct_argv(*extra))
+        try:
+            m = self.comp.wait_line(r"direct mode: UBRB bridge on [\d.]+:(\d+)")
+        except BaseException:
+            self.comp.stop()
+            raise
+        self.port = int(m.group(1))
+
+    def close(self) -> None:
+        self.comp.stop()
+
+
+def make_bridge(mode: str, **kw: Any) -> Bridge:
+    if mode == "direct":
+        return DirectBridge(**kw)
+    return LinkBridge(mode, **kw)
+
+
+# -- a small threaded UBRB client ----------------------------------------------------------------
+class Client:
+    """A UBRB v1 client on a real TCP socket. A reader thread collects every frame; a PING goes
+    out every 2 s so the gateway's 10 s idle timer never closes a quiet test client. It never
+    reconnects: ``closed`` tells whether the gateway ended the connection."""
+
+    def __init__(self, port: int, name: str = "e2e") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(0.1)
+        self.lock = threading.Lock()       # one sender at a time (test thread, pinger)
+        self.cv = threading.Condition()
+        self.frames: List[tuple] = []
+        self.messages: Dict[int, List[bytes]] = defaultdict(list)
+        self.errors: List[Dict[str, Any]] = []
+        self.counts: List[Dict[str, int]] = []
+        self.pongs = 0
+        self.hello_ack: Optional[Dict[str, Any]] = None
+        self.closed = False
+        self.running = True
+        self.t = threading.Thread(target=self._run, daemon=True, name="ubrb-client-" + name)
+        self.t.start()
+        self.send(U.encode_json_frame(U.OP_HELLO, {"protocol": 1, "client": name}))
+        assert self.wait(lambda: self.hello_ack is not None), "no HELLO_ACK"
+
+    # sending
+    def send(self, data: bytes) -> None:
+        with self.lock:
+            self.sock.sendall(data)
+
+    def advertise(self, id_: int, topic: str, type_: str, qos: Optional[dict] = None) -> None:
+        self.send(U.encode_json_frame(U.OP_ADVERTISE, {"id": id_, "topic": topic, "type": type_,
+                                                       "qos": qos or QOS_R}))
+
+    def subscribe(self, id_: int, topic: str, type_: str, qos: Optional[dict] = None) -> None:
+        self.send(U.encode_json_frame(U.OP_SUBSCRIBE, {"id": id_, "topic": topic, "type": type_,
+                                                       "qos": qos or QOS_R}))
+
+    def unadvertise(self, id_: int) -> None:
+        self.send(U.encode_json_frame(U.OP_UNADVERTISE, {"id": id_}))
+
+    def publish(self, id_: int, data: bytes) -> None:
+        self.send(U.encode_frame(U.OP_PUBLISH, id_.to_bytes(4, "little") + data))
+
+    def sync(self, timeout: float = 5.0) -> None:
+        """PING and wait for its PONG: the gateway has handled everything sent before."""
+        with self.cv:
+            n = self.pongs
+        self.send(U.encode_frame(U.OP_PING, b""))
+        assert self.wait(lambda: self.pongs > n, timeout), "no PONG"
+
+    # receiving
+    def _run(self) -> None:
+        buf = bytearray()
+        last_ping = time.monotonic()
+        while self.running:
+            if time.monotonic() - last_ping >= 2.0:
+                last_ping = time.monotonic()
+                try:
+                    self.send(U.encode_frame(U.OP_PING, b""))
+                except OSError:
+                    pass
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with self.cv:
+                    self.closed = True
+                    self.cv.notify_all()
+                return
+            buf += chunk
+            o = 0
+            got = []
+            while len(buf) - o >= 12:
+                n = U.get_u32(buf, o + 8)
+                if len(buf) - o < 12 + n:
+                    break
+                got.append((buf[o + 5], bytes(buf[o + 12:o + 12 + n])))
+                o += 12 + n
+            del buf[:o]
+            if got:
+                with self.cv:
+                    for op, p in got:
+                        self._frame(op, p)
+                    self.cv.notify_all()
+
+    def _frame(self, op: int, p: bytes) -> None:
+        self.frames.append((op, time.monotonic()))
+        if op == U.OP_MESSAGE:
+            self.messages[U.get_u32(p, 0)].append(p[4:])
+        elif op == U.OP_ERROR:
+            e = json.loads(p)
+            e["_t"] = time.monotonic()            # arrival time, for rate checks
+            self.errors.append(e)
+        elif op == U.OP_SUB_COUNT:
+            self.counts.append(json.loads(p)["counts"])
+        elif op == U.OP_PONG:
+            self.pongs += 1
+        elif op == U.OP_HELLO_ACK:
+            self.hello_ack = json.loads(p)
+
+    def wait(self, pred: Callable[[], Any], timeout: float = 5.0) -> Any:
+        end = time.monotonic() + timeout
+        with self.cv:
+            while True:
+                v = pred()
+                left = end - time.monotonic()
+                if v or left <= 0:
+                    return v
+                self.cv.wait(min(left, 0.1))
+
+    def error_codes(self) -> List[tuple]:
+        with self.cv:
+            return [(e["code"], e["id"]) for e in self.errors]
+
+    def count_of(self, id_: int) -> Optional[int]:
+        """The last SUB_COUNT reported for publisher id ``id_`` (None: not reported yet)."""
+        with self.cv:
+            for c in reversed(self.counts):
+                if str(id_) in c:
+                    return c[str(id_)]
+        return None
+
+    def close(self) -> None:
+        self.running = False
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.t.join(5)
+        self.sock.close()
+
+
+# -- messages and DDS ----------------------------------------------------------------------------
+def store() -> Any:
+    from rosbags.typesys import Stores, get_typestore
+    global _STORE
+    if _STORE is None:
+        _STORE = get_typestore(Stores.ROS2_HUMBLE)
+    return _STORE
+
+
+_STORE: Any = None
+
+
+def ser(msg: Any, rtype: str) -> bytes:
+    return bytes(store().serialize_cdr(msg, rtype))
+
+
+def deser(data: bytes, rtype: str) -> Any:
+    return store().deserialize_cdr(data, rtype)
+
+
+def dds_qos(reliable: bool = True, transient_local: bool = False, depth: int = 10) -> Any:
+    from cyclonedds.qos import Policy, Qos
+    return Qos(Policy.Reliability.Reliable(10 ** 9) if reliable else Policy.Reliability.BestEffort,
+               Policy.Durability.TransientLocal if transient_local else Policy.Durability.Volatile,
+               Policy.History.KeepLast(depth))
+
+
+def take_raw(reader: Any) -> List[bytes]:
+    """Serialized samples (4-byte encapsulation header included) a reader holds, taken."""
+    from cyclonedds._clayer import ddspy_take
+    got = ddspy_take(reader._ref, 0xFFFF, 64)
+    if isinstance(got, int):
+        return []
+    return [d for d, info in got if info.valid_data]
+
+
+class RawCollector:
+    """Takes raw samples from a DDS reader in the test thread, keeping them in order."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.got: List[bytes] = []
+
+    def poll(self) -> List[bytes]:
+        self.got += take_raw(self.reader)
+        return self.got
+
+    def wait(self, n: int, timeout: float = 10.0) -> List[bytes]:
+        wait_for(lambda: len(self.poll()) >= n, timeout)
+        return self.got
+
+
+# -- test messages -------------------------------------------------------------------------------
+def _T(name: str) -> Any:
+    return store().types[name]
+
+
+def header(frame: str = "f", sec: int = 1, nanosec: int = 2) -> Any:
+    return _T("std_msgs/msg/Header")(stamp=_T("builtin_interfaces/msg/Time")(sec=sec,
+                                                                           nanosec=nanosec),
+                                     frame_id=frame)
+
+
+def string_msg(text: str) -> Any:
+    return _T("std_msgs/msg/String")(data=text)
+
+
+def twist(x: float = 0.5, z: float = -1.25) -> Any:
+    V = _T("geometry_msgs/msg/Vector3")
+    return _T("geometry_msgs/msg/Twist")(linear=V(x=x, y=0.0, z=0.0), angular=V(x=0.0, y=0.0, z=z))
+
+
+def image(n: int, frame: str = "cam") -> Any:
+    import numpy as np
+    return _T("sensor_msgs/msg/Image")(header=header(frame), height=1, width=n, encoding="mono8",
+                                       is_bigendian=0, step=n,
+                                       data=(np.arange(n) % 251).astype(np.uint8))
+
+
+def tf_msg(child: str = "base", x: float = 1.0) -> Any:
+    G = "geometry_msgs/msg/"
+    ts = _T(G + "TransformStamped")(
+        header=header("world"), child_frame_id=child,
+        transform=_T(G + "Transform")(translation=_T(G + "Vector3")(x=x, y=2.0, z=3.0),
+                                      rotation=_T(G + "Quaternion")(x=0.0, y=0.0, z=0.0, w=1.0)))
+    return _T("tf2_msgs/msg/TFMessage")(transforms=[ts])
+
+
+def aligned(make: Callable[[int], Any], rtype: str, start: int = 0) -> tuple:
+    """(message, CDR bytes) for the first k >= start whose CDR length is a multiple of 4."""
+    for k in range(start, start + 8):
+        msg = make(k)
+        data = ser(msg, rtype)
+        if len(data) % 4 == 0:
+            return msg, data
+    raise AssertionError("no 4-aligned variant of " + rtype)
+
+
+class Dds:
+    """Entities of the independent participant for one test; deleted at its end, so a reader of
+    one test does not count as a subscriber in the next."""
+
+    _topics: Dict[tuple, Any] = {}      # one Topic per (participant, name) for the whole session
+
+    def __init__(self, dp: Any) -> None:
+        self.dp = dp
+        self.entities: List[Any] = []
+
+    def topic(self, name: str, cls: Any) -> Any:
+        from cyclonedds.topic import Topic
+        key = (id(self.dp), name)
+        if key not in Dds._topics:
+            Dds._topics[key] = Topic(self.dp, name, cls)
+        return Dds._topics[key]
+
+    def reader(self, name: str, cls: Any, **qos: Any) -> Any:
+        from cyclonedds.sub import DataReader
+        r = DataReader(self.dp, self.topic(name, cls), qos=dds_qos(**qos))
+        self.entities.append(r)
+        return r
+
+    def writer(self, name: str, cls: Any, **qos: Any) -> Any:
+        from cyclonedds.pub import DataWriter
+        w = DataWriter(self.dp, self.topic(name, cls), qos=dds_qos(**qos))
+        self.entities.append(w)
+        return w
+
+    def delete(self, e: Any) -> None:
+        if e in self.entities:
+            self.entities.remove(e)
+            e.__del__()
+
+    def close(self) -> None:
+        for e in reversed(self.entities):
+            e.__del__()
+        self.entities = []
+
+
+def matched(entity: Any) -> int:
+    """Current matched count of a DDS reader or writer."""
+    from cyclonedds.pub import DataWriter
+    if isinstance(entity, DataWriter):
+        return int(entity.get_publication_matched_status().current_count)
+    return int(entity.get_subscription_matched_status().current_count)
+
+
+def alive_endpoints(builtin_reader: Any, topic: str) -> set:
+    """Keys of the endpoints on DDS topic ``topic`` that a DCPSPublication / DCPSSubscription
+    reader sees alive (a deleted endpoint's instance is no longer alive)."""
+    from cyclonedds.core import InstanceState
+    return {s.key for s in builtin_reader.read(10000)
+            if s.topic_name == topic and s.sample_info.instance_state == InstanceState.Alive}
