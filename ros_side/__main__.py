@@ -113,6 +113,13 @@ class CompanionPump:
         self.companion.close()
 
 
+def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
+    """rclpy backend: the flags in effect become the node's parameters (they mirror each other)."""
+    declare = getattr(companion.backend, "declare_parameters", None)
+    if declare is not None:
+        declare({k: v for k, v in vars(args).items() if v is not None})
+
+
 def run_direct(args: argparse.Namespace) -> int:
     core = _core()
     from ports.cpython.gateway import GatewayServer, make_logger, parse_hostport, profile_from_args
@@ -125,6 +132,7 @@ def run_direct(args: argparse.Namespace) -> int:
     for line in core.format_budget(args.profile, profile).splitlines():
         log.info(line)
     companion = make_companion(args, None, profile["max_payload"])
+    declare_parameters(companion, args)
     gw = core.Gateway(profile, ros=companion, log=make_logger())
     try:
         server = GatewayServer(gw, parse_hostport(args.listen), link=CompanionPump(companion))
@@ -162,6 +170,7 @@ def run_link(args: argparse.Namespace) -> int:
 
     max_message = min(args.max_message or MAX_MESSAGE_CAP, MAX_MESSAGE_CAP)
     companion = make_companion(args, None, max_message)
+    declare_parameters(companion, args)
     try:
         end, driver = open_companion_link(
             args.link, companion, baud=args.baud, mtu=args.link_mtu, max_message=max_message

@@ -86,6 +86,15 @@ class RclpyBackend:
         self._thread = threading.Thread(target=self._spin, name="ros_side-rclpy", daemon=True)
         self._thread.start()
 
+    def declare_parameters(self, values):
+        """Declare the effective command-line settings as this node's ROS parameters, so that
+        `ros2 param get /ros_side link` shows what the companion runs with."""
+        def declare():
+            for name, value in sorted(values.items()):
+                if isinstance(value, (bool, int, float, str)) and not self.node.has_parameter(name):
+                    self.node.declare_parameter(name, value)
+        self._call(declare)
+
     # -- executor thread ----------------------------------------------------------------------
     def _spin(self):
         try:

@@ -76,3 +76,25 @@ def test_rclpy_backend_wiring(fake_rclpy, sink, monkeypatch):
     finally:
         comp.close()
     assert node.destroyed and not fake_rclpy.ok()
+
+
+def test_flags_become_node_parameters_on_the_executor_thread(fake_rclpy):
+    import argparse
+
+    from ros_side.__main__ import declare_parameters
+    from ros_side.backends import make_backend
+    from ros_side.companion import Companion
+
+    backend = make_backend("rclpy", domain=7)
+    companion = Companion(backend, None, 1024, diagnostics_period_ms=0)
+    try:
+        args = argparse.Namespace(link="udp://0.0.0.0:8269", baud=921600, listen=None,
+                                  no_diagnostics=False, msg_path=[])
+        declare_parameters(companion, args)
+        node = backend.node
+        assert node.parameters == {"link": "udp://0.0.0.0:8269", "baud": 921600,
+                                   "no_diagnostics": False}
+        threads = {t for what, t in node.calls if what == "declare_parameter"}
+        assert threads == {backend._thread}
+    finally:
+        companion.close()

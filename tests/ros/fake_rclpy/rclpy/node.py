@@ -41,6 +41,14 @@ class Node:
         self.foreign_subscribers = {}
         self.calls = []  # (what, thread)
         self.destroyed = False
+        self.parameters = {}
+
+    def has_parameter(self, name):
+        return name in self.parameters
+
+    def declare_parameter(self, name, value):
+        self._log("declare_parameter")
+        self.parameters[name] = value
 
     def _log(self, what):
         self.calls.append((what, threading.current_thread()))
