@@ -44,6 +44,9 @@ def mapped_buffer(n: int) -> Any:
 core.new_buffer = mapped_buffer
 
 
+ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
+
+
 def now_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -128,6 +131,7 @@ class GatewayServer:
         gw: core.Gateway,
         listen: tuple[str, int],
         link: Any = None,
+        accept_grace_ms: int = ACCEPT_GRACE_MS,
     ) -> None:
         self.gw = gw
         self.link = link  # object with fileno(), on_readable(now), wants_write(), flush(now), tick(now)
@@ -138,7 +142,12 @@ class GatewayServer:
         self.lsock.listen(16)
         self.lsock.setblocking(False)
         self.address = self.lsock.getsockname()[:2]
-        self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
+        # Connections are accepted once the ROS side is up, or after a grace period: a client
+        # that reconnects to a restarted gateway replays its queued reliable messages at once,
+        # and those would be dropped if they beat the link handshake. Until then the kernel's
+        # backlog holds the connections and their bytes.
+        self.accepting = False
+        self.accept_at = now_ms() + (accept_grace_ms if link is not None else 0)
         self.socks: List[Optional[socket.socket]] = [None] * len(gw.clients)
         self.running = True
         self.link_fd = -1
@@ -155,6 +164,9 @@ class GatewayServer:
 
     def step(self) -> None:
         now = now_ms()
+        if not self.accepting and (self.gw.ros_ready or now >= self.accept_at):
+            self.accepting = True
+            self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
         timeout = self.gw.next_deadline(now) / 1000.0
         timeout = min(timeout, 0.05)
         for key, events in self.sel.select(timeout):
@@ -288,10 +300,8 @@ class GatewayServer:
         for ci, s in enumerate(self.socks):
             if s is not None:
                 self._drop(ci, "gateway shutting down")
-        try:
+        if self.accepting:
             self.sel.unregister(self.lsock)
-        except (KeyError, ValueError):
-            pass
         self.lsock.close()
         if self.link is not None:
             self.link.close()
