@@ -125,12 +125,29 @@ def test_bad_profile_override_is_refused_at_start():
 
 
 def test_fan_out_over_real_sockets_with_a_scripted_ros_side():
-    # The server loop in-process, so a scripted ROS side can inject messages.
+    # The server loop in-process, so a scripted ROS side can inject messages. Everything that
+    # touches the gateway runs on the loop's thread (through `until`), as the companion would.
+    import queue
+
     ros = ScriptedRos()
     gw = U.Gateway(profile(), ros=ros)
     ros.up()
     server = GatewayServer(gw, ("127.0.0.1", 0))
-    t = threading.Thread(target=server.serve, daemon=True)
+    jobs: "queue.Queue" = queue.Queue()
+
+    def run_jobs() -> bool:
+        while not jobs.empty():
+            jobs.get()()
+        return False
+
+    def on_loop(fn):
+        done = threading.Event()
+        box = []
+        jobs.put(lambda: (box.append(fn()), done.set()))
+        assert done.wait(5)
+        return box[0]
+
+    t = threading.Thread(target=server.serve, args=(run_jobs,), daemon=True)
     t.start()
     try:
         a = TcpClient(server.address[1])
@@ -139,18 +156,16 @@ def test_fan_out_over_real_sockets_with_a_scripted_ros_side():
         b.send(hello() + subscribe(9, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE))
         a.expect(U.OP_HELLO_ACK)
         b.expect(U.OP_HELLO_ACK)
-        deadline = time.monotonic() + 5
-        while gw.subs.find("/scan") < 0 or sum(gw.clients[i].sub_refs[0] for i in range(3)) < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        gw.ros_message(gw.subs.find("/scan"), b"\x00\x01\x00\x00scan", 0, 8)
+        a.send(U.encode_frame(U.OP_PING, b""))  # PONG: everything before it was processed
+        b.send(U.encode_frame(U.OP_PING, b""))
+        a.expect(U.OP_PONG)
+        b.expect(U.OP_PONG)
+        on_loop(lambda: gw.ros_message(gw.subs.find("/scan"), b"\x00\x01\x00\x00scan", 0, 8))
         assert a.expect(U.OP_MESSAGE) == b"\x03\x00\x00\x00\x00\x01\x00\x00scan"
         assert b.expect(U.OP_MESSAGE) == b"\x09\x00\x00\x00\x00\x01\x00\x00scan"
-        a.send(publish(1, b"\x00\x01\x00\x00go"))
-        while ros.published == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert bytes(ros.last[: ros.last_len]) == b"\x00\x01\x00\x00go"
+        a.send(publish(1, b"\x00\x01\x00\x00go") + U.encode_frame(U.OP_PING, b""))
+        a.expect(U.OP_PONG)
+        assert on_loop(lambda: bytes(ros.last[: ros.last_len])) == b"\x00\x01\x00\x00go"
         a.close()
         b.close()
     finally:
