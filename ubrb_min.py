@@ -1358,7 +1358,7 @@ class LinkSession:
         self.max_slots = max_slots
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
-        self.rx = bytearray(2 * max_frame)          # stream mode only
+        self.rx = bytearray(0 if datagram else 2 * max_frame)  # stream mode only
         self.asm = bytearray(max_message + LK_RHDR_MAX)   # reliable record assembly
         self.basm = bytearray(max_message + LK_RHDR_MAX)  # best-effort reassembly
         self.rel = bytearray(rel_bytes)             # reliable send ring (wire records)

@@ -155,7 +155,14 @@ async function main(args) {
 
   // The files every instance gets: the top-level modules (ubrb_min.py and any other *.py at the
   // repository root) and all of tests/core (test modules and helpers).
-  const common = [...pyFiles(ROOT), ...pyFiles(CORE_DIR)];
+  // The core, the MicroPython port (ports/__init__.py + ports/micropython/) and the dual-runtime
+  // tests with their helpers.
+  const common = [
+    ...pyFiles(ROOT),
+    ...pyFiles(path.join(ROOT, "ports")),
+    ...pyFiles(path.join(ROOT, "ports", "micropython")),
+    ...pyFiles(CORE_DIR),
+  ];
 
   const timeoutS = Number(process.env.MP_FILE_TIMEOUT || 300);
   const total = { passed: 0, failed: 0, skipped: 0 };

@@ -1,0 +1,294 @@
+# MicroPython transports for the gateway <-> companion link (docs/LINK.md), and the driver that
+# moves bytes between a transport and the sans-IO LinkSession of ubrb_min.
+#
+# The counterpart of ports/cpython/link_transport.py, gateway end only:
+#
+#   --link udp://HOST:PORT   a UDP socket *connected* to the companion at HOST:PORT (from an
+#                            ephemeral local port). connect() makes the IP stack drop datagrams
+#                            from anyone else (what the CPython driver checks by hand) and lets
+#                            frames go out with write(buf, 0, n), which allocates nothing.
+#   --link uart:ID           machine.UART(ID) at --baud, optional --tx/--rx pins; non-blocking
+#                            (timeout=0). Writes are paced to the line rate (baud/10 bytes/s).
+#
+# Hot-path notes (MicroPython):
+#   * UART: readinto(rbuf) into one buffer allocated here, write(tx_buf, off, n): no allocation.
+#   * UDP receive uses recv(max_frame), which allocates one bytes object per datagram (~ its
+#     size: a 16-byte header + the data rounded up to 16). A one-entry poll says whether a
+#     datagram is waiting, so no recv() ends in an OSError(EAGAIN) (an exception object). MicroPython sockets have no recv_into/recvfrom_into, and readinto() on a socket
+#     loops until the buffer is full or EAGAIN (py/stream.c: mp_stream_read_exactly), so
+#     several queued datagrams would be concatenated and the one that no longer fits would be
+#     truncated by the stack: a lost frame on every full read under load (and go-back-N resends
+#     the whole window after it). One short-lived object per datagram is the lesser evil.
+#   * Pacing keeps integer "milli-byte" credit: no floats (they allocate), no value >= 2**30.
+#
+# Transports expose: datagram, stream (the object to register with select.poll, or None),
+# recv() -> bytes or None (datagram), readinto(buf) -> n (stream; 0: nothing now),
+# write(buf, off, n) -> n written (0: try later), close().
+import ubrb_min as L
+
+DEFAULT_UDP_PORT = 8269
+DEFAULT_MTU = 1400
+SERIAL_FRAME = 1088  # a 1 KiB message and its headers fit one frame (95 ms at 115200 baud)
+WINDOW = 8  # reliable frames the companion may have in flight towards us (small rx queues)
+PACE_MS = 60  # line time of credit the pacing may bank: a 50 ms loop keeps the line busy
+MAX_READS = 16  # reads per wake-up, so a flood on the link cannot starve the clients
+
+
+def parse_link_url(url):
+    """('udp', host, port), ('uart', id, 0) or ('none', '', 0). ValueError otherwise."""
+    if url in (None, "", "none"):
+        return "none", "", 0
+    if url.startswith("udp://"):
+        rest = url[6:].rstrip("/")
+        host, sep, port = rest.rpartition(":")
+        if not sep:
+            host, port = rest, ""
+        if not host:
+            raise ValueError("udp:// needs the companion's address, e.g. udp://192.0.2.10:8269")
+        try:
+            return "udp", host, int(port) if port else DEFAULT_UDP_PORT
+        except ValueError:
+            raise ValueError("bad port in %r" % url)
+    for pre in ("uart:", "serial:"):
+        if url.startswith(pre):
+            try:
+                return "uart", int(url[len(pre):]), 0
+            except ValueError:
+                raise ValueError("%s needs a UART number, e.g. uart:1 (got %r)" % (pre, url))
+    raise ValueError("unknown link %r: use udp://HOST:PORT, uart:ID or none" % url)
+
+
+def new_epoch(time_mod=None):
+    """Random per start, 1 .. 2**30-1 (a small int on MicroPython)."""
+    v = 0
+    try:
+        import os
+
+        b = os.urandom(4)
+        v = b[0] | (b[1] << 8) | (b[2] << 16) | ((b[3] & 0x3F) << 24)
+    except (ImportError, AttributeError, OSError, NotImplementedError):
+        try:
+            import random
+
+            v = random.getrandbits(30)
+        except (ImportError, AttributeError):
+            v = 0
+        if time_mod is not None:  # mix in the boot time, in case the PRNG is unseeded
+            v ^= time_mod.ticks_us() & 0x3FFFFFFF
+    return (v & 0x3FFFFFFF) or 1
+
+
+class UdpTransport:
+    datagram = True
+
+    def __init__(self, socket_mod, select_mod, host, port, mtu=DEFAULT_MTU):
+        addr = socket_mod.getaddrinfo(host, port)[0][-1]
+        s = socket_mod.socket(socket_mod.AF_INET, socket_mod.SOCK_DGRAM)
+        try:
+            s.bind(("0.0.0.0", 0))  # an ephemeral port; connect() would also pick one
+        except OSError:
+            pass
+        s.connect(addr)
+        s.setblocking(False)
+        self.sock = s
+        self.stream = s
+        self.peer = addr
+        self.where = "udp://%s:%d" % (host, port)
+        self.mtu = mtu
+        self.c_io_err = 0
+        # recv() on an empty non-blocking socket raises OSError(EAGAIN): an exception object
+        # (64 bytes) at the end of every read burst. A one-entry poll asked with timeout 0
+        # (ipoll: allocation-free) says whether a datagram is waiting instead.
+        self.rpoll = select_mod.poll()
+        self.rpoll.register(s, select_mod.POLLIN)
+        self._ripoll = getattr(self.rpoll, "ipoll", None) or self.rpoll.poll
+        self.POLLIN = select_mod.POLLIN
+
+    def recv(self):
+        """The next datagram (a new bytes object), or None."""
+        ready = False
+        for ev in self._ripoll(0):
+            ready = (ev[1] & self.POLLIN) != 0
+        if not ready:
+            return None
+        try:
+            return self.sock.recv(self.mtu)
+        except OSError:  # ECONNREFUSED after an ICMP unreachable...: UDP is lossy anyway
+            return None
+
+    def write(self, buf, off, n):
+        try:
+            self.sock.write(buf, off, n)
+        except OSError:  # ENOMEM (lwIP out of pbufs), EHOSTUNREACH...: a lost datagram
+            self.c_io_err += 1
+        return n  # a datagram is sent whole or not at all: never retried as a partial
+
+    def close(self):
+        try:
+            self.rpoll.unregister(self.sock)
+        except (OSError, KeyError, ValueError):
+            pass
+        self.sock.close()
+
+
+class UartTransport:
+    datagram = False
+
+    def __init__(self, machine_mod, uart_id, baud, tx=None, rx=None):
+        pace = baud // 10
+        kw = {
+            "baudrate": baud,
+            "timeout": 0,
+            "timeout_char": 0,
+            # the driver's rings: rx holds ~100 ms of line time (the loop polls every <= 50 ms),
+            # tx holds what the pacing lets out at once (its credit plus one frame)
+            "rxbuf": max(1024, min(8192, pace // 10)),
+            "txbuf": min(8192, pace * PACE_MS // 1000 + SERIAL_FRAME + 64),
+        }
+        if tx is not None:
+            kw["tx"] = tx
+        if rx is not None:
+            kw["rx"] = rx
+        self.uart = machine_mod.UART(uart_id, **kw)
+        self.stream = self.uart
+        self.baud = baud
+        self.where = "uart:%d" % uart_id
+        self.c_io_err = 0
+
+    def readinto(self, buf):
+        n = self.uart.readinto(buf)
+        return n or 0  # None: nothing within timeout=0
+
+    def write(self, buf, off, n):
+        k = self.uart.write(buf, off, n)
+        return k or 0
+
+    def close(self):
+        try:
+            self.uart.deinit()
+        except AttributeError:
+            pass
+
+
+class LinkDriver:
+    """Moves bytes between a transport and a LinkSession; paces serial writes to the line rate.
+
+    The loop calls on_readable(now) when poll() reports the transport's stream readable (or every
+    step when `polled`), then tick(now) and flush(now) once per step.
+    """
+
+    def __init__(self, transport, session, pace_bps=-1):
+        self.t = transport
+        self.s = session
+        self.stream = transport.stream
+        self.polled = False  # set by the loop when the stream cannot be registered with poll
+        if pace_bps < 0:
+            pace_bps = 0 if transport.datagram else transport.baud // 10
+        self.pace = pace_bps  # bytes per second; 0: unpaced
+        self.credit = 0  # in milli-bytes (bytes * 1000), an int
+        self.credit_max = pace_bps * PACE_MS
+        self.last_flush = -1
+        self.rbuf = None if transport.datagram else bytearray(512)
+        self.tx_off = 0
+        self.tx_n = 0
+
+    def buffer_bytes(self):
+        s = self.s
+        n = len(s.tx_buf) + len(s.rx) + len(s.asm) + len(s.basm) + len(s.rel) + len(s.be)
+        return n + (len(self.rbuf) if self.rbuf is not None else 0)
+
+    def on_readable(self, now):
+        t = self.t
+        s = self.s
+        if t.datagram:
+            for _ in range(MAX_READS):
+                d = t.recv()
+                if d is None:
+                    return
+                s.feed(d, 0, len(d), now)
+        else:
+            buf = self.rbuf
+            for _ in range(MAX_READS):
+                n = t.readinto(buf)
+                if n <= 0:
+                    return
+                s.feed(buf, 0, n, now)
+
+    def flush(self, now):
+        t = self.t
+        s = self.s
+        if self.pace:
+            if self.last_flush >= 0:
+                dt = now - self.last_flush
+                if dt > PACE_MS:
+                    dt = PACE_MS
+                c = self.credit + dt * self.pace
+                self.credit = c if c < self.credit_max else self.credit_max
+            self.last_flush = now
+        for _ in range(64):
+            if self.tx_n == 0:
+                if self.pace and self.credit <= 0:
+                    return
+                n = s.poll_tx(now)
+                if n == 0:
+                    return
+                self.tx_off = 0
+                self.tx_n = n
+            k = t.write(s.tx_buf, self.tx_off, self.tx_n)
+            if k <= 0:
+                return
+            self.tx_off += k
+            self.tx_n -= k
+            if self.pace:
+                self.credit -= k * 1000
+            if self.tx_n:
+                return
+
+    def tick(self, now):
+        self.s.tick(now)
+
+    def wants_write(self):
+        return self.tx_n > 0
+
+    def counters(self):
+        d = self.s.counters()
+        d["io_err"] = self.t.c_io_err
+        return d
+
+    def close(self):
+        self.t.close()
+
+
+def make_session(datagram, max_message, mtu=DEFAULT_MTU, epoch=None, max_slots=256):
+    """A LinkSession sized for a microcontroller: rings follow the largest message."""
+    mm = max_message
+    return L.LinkSession(
+        None,
+        new_epoch() if epoch is None else epoch,
+        True,
+        datagram,
+        mtu if datagram else SERIAL_FRAME,
+        mm,
+        WINDOW,
+        max(4 * mm, 8192),  # reliable ring (a quarter of it, <= 4 KiB, reserved for control)
+        max(2 * mm + 64, 4096),  # best-effort ring
+        max_slots,  # slots of the gateway's topic tables (+1 for STATS): newest-wins table
+    )
+
+
+def open_gateway_link(io, url, baud=115200, mtu=DEFAULT_MTU, max_message=2048, tx=None, rx=None,
+                      epoch=None, max_slots=256):
+    """(LinkRosPort, LinkDriver) for --link, or (None, None) for 'none'."""
+    kind, where, port = parse_link_url(url)
+    if kind == "none":
+        return None, None
+    if epoch is None:
+        epoch = new_epoch(io.time)
+    if kind == "udp":
+        t = UdpTransport(io.socket, io.select, where, port, mtu)
+    else:
+        if io.machine is None:
+            raise ValueError("uart: links need the machine module (not on this port)")
+        t = UartTransport(io.machine, where, baud, tx, rx)
+    s = make_session(t.datagram, max_message, mtu, epoch, max_slots)
+    return L.LinkRosPort(s), LinkDriver(t, s)
