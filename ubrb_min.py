@@ -24,10 +24,6 @@ except ImportError:  # pragma: no cover - slow bitwise fallback, same results
                 crc = (crc >> 1) ^ (0xEDB88320 & -(crc & 1))
         return ~crc & 0xFFFFFFFF
 
-try:  # type hints are for mypy on CPython; MicroPython has no typing module
-    from typing import Any, Dict, List, Optional  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
 
 VERSION = "0.1.0"
 SERVER_NAME = "ubrb_min/" + VERSION
@@ -484,9 +480,9 @@ class SlotTable:
     def __init__(self, kind, size):
         self.kind = kind
         self.size = size
-        self.topic = [None] * size  # type: List[Optional[str]]
-        self.type = [None] * size  # type: List[Optional[str]]
-        self.qos = [None] * size  # type: List[Any]
+        self.topic = [None] * size  # type: list
+        self.type = [None] * size  # type: list
+        self.qos = [None] * size  # type: list
         self.reliable = bytearray(size)
         self.refs = [0] * size
         self.count = [-1] * size  # subscriber count of a pub slot; -1 = not reported yet
@@ -561,7 +557,7 @@ class ClientSession:
         self.counts_sent_ms = -SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         # unknown_id / message_too_large repeat suppression: a small ring of (code, id, time).
-        self.err_code = [None] * 8  # type: List[Optional[str]]
+        self.err_code = [None] * 8  # type: list
         self.err_id = [0] * 8
         self.err_ms = [0] * 8
         self.err_next = 0
