@@ -786,6 +786,18 @@ class Gateway:
             ):
                 self._send_counts(c, now)
 
+    def rebase(self, d):
+        """Move every stored time `d` ms back, for a port whose clock just did the same: on
+        32-bit MicroPython ints >= 2**30 are heap objects, so a long-running board's clock is
+        kept small (ports/micropython: every 2**28 ms)."""
+        self.now -= d
+        for c in self.clients:
+            c.accepted_ms -= d
+            c.last_rx_ms -= d
+            c.counts_sent_ms -= d
+            for k in range(len(c.err_ms)):
+                c.err_ms[k] -= d
+
     def next_deadline(self, now):
         """Milliseconds until tick() has work at the latest (for the port's poll timeout)."""
         t = 1000
@@ -1703,6 +1715,21 @@ class LinkSession:
             self.b_active = False
             self.c_frag_drop += 1
 
+    def rebase(self, d):
+        """Move every stored time `d` ms back (see Gateway.rebase)."""
+        self.now -= d
+        self.hello_at -= d
+        self.last_rx -= d
+        self.last_tx -= d
+        if self.ack_rep:  # 0 means "no repeat scheduled"
+            self.ack_rep -= d
+        self.nak_t -= d
+        self.gb_t -= d
+        self.b_t -= d
+        t = self.f_t
+        for i in range(len(t)):
+            t[i] -= d
+
     # ---- receiving -----------------------------------------------------------
     def feed(self, buf, off, n, now):
         """Bytes arrived (stream: any chunking; datagram: one datagram)."""
@@ -2145,6 +2172,12 @@ class LinkRosPort:
         b = _lk_enc(d)
         return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
 
+    def rebase(self, d):
+        """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
+        self.s.rebase(d)
+        for k in self._rep:
+            self._rep[k] -= d
+
     def counters(self):
         d = self.s.counters()
         d["pub_congested"] = self.c_congested
@@ -2315,6 +2348,12 @@ class LinkCompanionEnd:
         b = self._cnt
         struct.pack_into("<I", b, 0, count)
         self.s.send(LK_T_SUBCOUNT, slot, b, 0, 4, True, True)
+
+    def rebase(self, d):
+        """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
+        self.s.rebase(d)
+        for k in self._rep:
+            self._rep[k] -= d
 
     def counters(self):
         d = self.s.counters()

@@ -78,10 +78,15 @@ def default_io():
     return IO(_socket, _select, _time, _machine, _network, config)
 
 
+# The clock is moved back by REBASE_STEP whenever it reaches REBASE_AT: times stay below 2**30.
+REBASE_AT = 1 << 29
+REBASE_STEP = 1 << 28
+
+
 class Clock:
     """time.ticks_ms() wraps (at 2**30 ms on most ports, ~12.4 days); the core wants an int of
-    milliseconds that never goes back. Starts at 0, so it stays a small int (no heap) for
-    2**30 ms of uptime. Must be read at least every 2**29 ms (ticks_diff's range)."""
+    milliseconds that never goes back. Starts at 0; GatewayLoop.rebase keeps it below 2**30 so
+    it stays a small int (no heap). Must be read at least every 2**29 ms (ticks_diff's range)."""
 
     def __init__(self, time_mod):
         self.t = time_mod
@@ -193,6 +198,8 @@ class GatewayLoop:
         gw = self.gw
         link = self.link
         now = self.clock.ms()
+        if now >= REBASE_AT:
+            now = self.rebase(REBASE_STEP)
         if not self.accepting and (gw.ros_ready or now - self.accept_at >= 0):
             self.accepting = True
             self.poll.register(self.lsock, self.POLLIN)
@@ -255,6 +262,19 @@ class GatewayLoop:
                 self._write(ci)
             if socks[ci] is not None:
                 self._sync(ci)
+
+    def rebase(self, d):
+        """Move the clock and every stored time `d` ms back, so times stay small ints (ints
+        >= 2**30 are heap objects on 32-bit boards). Returns the new now."""
+        self.clock.now -= d
+        self.accept_at -= d
+        self.stats_at -= d
+        self.gw.rebase(d)
+        if self.ros is not None:
+            self.ros.rebase(d)  # the link session's times too
+        if self.link is not None:
+            self.link.rebase(d)
+        return self.clock.now
 
     # -- clients ----------------------------------------------------------------------------
     def _accept(self, now):

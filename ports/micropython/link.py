@@ -192,6 +192,10 @@ class LinkDriver:
         self.tx_off = 0
         self.tx_n = 0
 
+    def rebase(self, d):
+        if self.last_flush >= 0:
+            self.last_flush -= d
+
     def buffer_bytes(self):
         s = self.s
         n = len(s.tx_buf) + len(s.rx) + len(s.asm) + len(s.basm) + len(s.rel) + len(s.be)

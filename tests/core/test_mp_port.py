@@ -260,6 +260,53 @@ def test_the_clock_survives_the_ticks_wrap():
     assert rig.gw.ros_ready  # and the link's heartbeats and timers kept it up throughout
 
 
+def test_a_long_uptime_keeps_every_time_a_small_int():
+    # Days of uptime in a few steps: move every stored time forward to just below the point
+    # where the loop rebases (a negative rebase is a shift forward), then run across it.
+    rig = Rig()
+    rig.up()
+    c = rig.connect()
+    c.send(hello() + advertise(1, "/chatter", "std_msgs/msg/String", QOS_R))
+    quiet = rig.connect()  # connects but never says HELLO: closed 5 s after its accept
+    rig.run(100)
+    frames(c)
+    jump = G.REBASE_AT - 3000 - rig.now()
+    rig.loop.rebase(-jump)
+    rig.comp.s.rebase(-jump)
+    # The companion keeps its own continuous clock: the gateway's moves back under it.
+    offset = [0]
+    last = [rig.now()]
+
+    def step():
+        rig.time.advance(10)
+        rig.loop.step()
+        if rig.now() < last[0]:
+            offset[0] += G.REBASE_STEP
+        last[0] = rig.now()
+        rig.comp.pump(rig.now() + offset[0])
+
+    for i in range(600):  # 6 s: crosses REBASE_AT about 3 s in
+        step()
+        if i % 100 == 0:
+            c.send(U.encode_frame(U.OP_PING, b""))  # keep the HELLO'd client alive
+        if i == 400:  # 4 s after its accept, 1 s after the rebase: not yet
+            assert not quiet.peer_closed
+    assert offset[0] == G.REBASE_STEP, "the loop did not rebase"
+    assert rig.now() < G.REBASE_AT
+    assert rig.gw.ros_ready  # the link never noticed
+    assert quiet.peer_closed  # its 5 s HELLO deadline ran across the rebase
+    assert not c.peer_closed
+    c.send(publish(1, b"\x00\x01\x00\x00after"))
+    for _ in range(20):
+        step()
+    assert ("publish", 0, b"\x00\x01\x00\x00after", True) in rig.comp.ros.calls
+    s = rig.ros.s
+    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.nak_t, s.b_t) + tuple(s.f_t):
+        assert t < G.REBASE_AT
+    for cl in rig.gw.clients:
+        assert cl.accepted_ms < G.REBASE_AT and cl.last_rx_ms < G.REBASE_AT
+
+
 def test_a_client_that_vanishes_is_released():
     rig = Rig()
     rig.up()
