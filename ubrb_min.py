@@ -55,6 +55,7 @@ HELLO_TIMEOUT_MS = 5000
 IDLE_TIMEOUT_MS = 10000
 SUB_COUNT_INTERVAL_MS = 500
 ERROR_REPEAT_MS = 1000  # unknown_id / message_too_large: at most once per id per second
+CLOSE_FLUSH_MS = 2000  # a closing client that does not read its last frames is cut off after this
 
 # Decoder results
 NEED_MORE = 0
@@ -556,6 +557,7 @@ class ClientSession:
         self.counts_dirty = False
         self.counts_sent_ms = -SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
+        self.close_ms = 0
         # unknown_id / message_too_large repeat suppression: a small ring of (code, id, time).
         self.err_code = [None] * 8  # type: list
         self.err_id = [0] * 8
@@ -724,6 +726,12 @@ class Gateway:
     def wants_close(self, ci):
         return self.clients[ci].state == S_CLOSING
 
+    def close_overdue(self, ci, now):
+        """A closing client whose last frames (its ERROR) were not read within 2 s: the port
+        closes the socket anyway, so a peer that stopped reading cannot hold its slot."""
+        c = self.clients[ci]
+        return c.state == S_CLOSING and now - c.close_ms >= CLOSE_FLUSH_MS
+
     def active_clients(self):
         n = 0
         for c in self.clients:
@@ -795,6 +803,7 @@ class Gateway:
             c.accepted_ms -= d
             c.last_rx_ms -= d
             c.counts_sent_ms -= d
+            c.close_ms -= d
             for k in range(len(c.err_ms)):
                 c.err_ms[k] -= d
 
@@ -1051,6 +1060,7 @@ class Gateway:
     def _close(self, c, reason):
         c.state = S_CLOSING
         c.close_reason = reason
+        c.close_ms = self.now
 
     def _send_counts(self, c, now):
         counts = {}

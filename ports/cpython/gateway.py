@@ -190,6 +190,9 @@ class GatewayServer:
         for ci, s in enumerate(self.socks):
             if s is None:
                 continue
+            if self.gw.close_overdue(ci, now):
+                self._drop(ci, self.gw.clients[ci].close_reason + " (last frames not read)")
+                continue
             if self.gw.clients[ci].queue.pending():
                 self._write(ci)
             if self.socks[ci] is not None:

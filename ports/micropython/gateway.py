@@ -258,6 +258,9 @@ class GatewayLoop:
         for ci in range(n):
             if socks[ci] is None:
                 continue
+            if gw.close_overdue(ci, now):
+                self._drop(ci, "closing: last frames not read")
+                continue
             if gw.clients[ci].queue.pending():
                 self._write(ci)
             if socks[ci] is not None:

@@ -212,3 +212,12 @@ def test_second_hello_is_answered_and_keeps_registrations():
     assert [op for op, _ in c.frames()] == [U.OP_HELLO_ACK, U.OP_HELLO_ACK]
     c.send(publish(1, b"x"))
     assert ros.published == 1
+
+
+def test_a_closing_client_that_stops_reading_is_cut_off_after_2_s():
+    gw, ros = gateway()
+    c = Client(gw, now=0)
+    gw.tick(5000)  # no HELLO: ERROR hello_required, then close once it is flushed
+    assert c.closing()
+    assert not gw.close_overdue(c.ci, 6999)  # the port keeps trying to flush it
+    assert gw.close_overdue(c.ci, 7000)  # ...but not forever: the peer stopped reading
