@@ -2244,6 +2244,7 @@ class LinkCompanionEnd:
         self._rep = {}
         self.c_congested = 0
         self.c_too_large = 0
+        self.down_at = -1     # when the link went down (ms); -1 while up or already expired
         self._cnt = bytearray(4)
 
     def _ctl(self, t, slot, obj):
@@ -2252,6 +2253,7 @@ class LinkCompanionEnd:
 
     # link handler
     def link_up(self, fresh):
+        self.down_at = -1
         if fresh:
             if self.had:
                 self.companion.reset()     # a new gateway: release the old one's objects
@@ -2265,7 +2267,22 @@ class LinkCompanionEnd:
         self._ctl(LK_T_CHELLO, 0, {"distro": getattr(self.companion, "distro", None)})
 
     def link_down(self):
-        pass                               # keep everything: it may be a glitch
+        # Keep everything: it may be a glitch. expire() releases it if the gateway stays away.
+        self.down_at = self.s.now
+
+    def expire(self, now, after_ms):
+        """Release everything the gateway registered once the link has been down `after_ms`:
+        a session that ends without being resumed must not leave ROS entities behind. If the
+        same session comes back later, the gateway hands its registrations over again (ros_up).
+        True when it released."""
+        if self.down_at < 0 or now - self.down_at < after_ms:
+            return False
+        self.down_at = -1
+        self.companion.reset()
+        self.regs.clear()
+        self.results.clear()
+        self.sub_rel.clear()
+        return True
 
     def link_message(self, t, slot, buf, off, n, reliable):
         c = self.companion
@@ -2364,6 +2381,8 @@ class LinkCompanionEnd:
         self.s.rebase(d)
         for k in self._rep:
             self._rep[k] -= d
+        if self.down_at >= 0:
+            self.down_at -= d
 
     def counters(self):
         d = self.s.counters()

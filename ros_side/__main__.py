@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the gateway's own limit applies too, whichever is smaller",
     )
     m.add_argument(
+        "--release-after",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="link mode: release every ROS entity of a gateway whose link has been down this "
+        "long (default 30 s); a shorter outage keeps them, a resumed session restores them",
+    )
+    m.add_argument(
         "--listen",
         default=None,
         metavar="HOST:PORT",
@@ -219,6 +227,12 @@ def run_link(args: argparse.Namespace) -> int:
             if now - last_stats >= STATS_PERIOD_MS:
                 last_stats = now
                 companion.set_stats("link", driver.counters())
+            if end.expire(now, int(args.release_after * 1000)):
+                log.warning(
+                    "link down for %.0f s: released every publisher and subscription of the "
+                    "gateway (they come back if it does)",
+                    args.release_after,
+                )
     finally:
         driver.close()
         companion.close()

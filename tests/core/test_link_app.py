@@ -237,3 +237,28 @@ def test_stats_to_companion():
     p.run(20)
     assert comp.stats == {"clients": 2, "link": {"crc_err": 0}}
     assert "pub_congested" in port.counters() and "msg_too_large" in end.counters()
+
+
+def test_a_session_that_does_not_come_back_releases_everything():
+    p, port, gw, comp, end = setup()
+    gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    assert comp.live == {("p", 1): "/a"}
+    cut = [True]
+    p.mangle = lambda data, d: [] if cut[0] else [data]
+    # A short outage (a cable re-plugged) keeps the companion's entities...
+    p.run(3000, dt=10, until=lambda: not p.b.is_up())
+    t_down = p.now
+    p.run(1000, dt=10)
+    assert not end.expire(p.now, 5000)
+    assert comp.live == {("p", 1): "/a"}
+    # ...a long one releases them, once.
+    p.run(4000, dt=10)
+    assert p.now - t_down >= 5000
+    assert end.expire(p.now, 5000)
+    assert comp.live == {} and ("reset",) in comp.calls
+    assert not end.expire(p.now + 10000, 5000)
+    # The same session comes back later: the gateway hands its registrations over again.
+    cut[0] = False
+    p.run(2000, dt=10, until=lambda: comp.live == {("p", 1): "/a"})
+    assert comp.live == {("p", 1): "/a"}

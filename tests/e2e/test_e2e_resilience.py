@@ -183,3 +183,28 @@ def test_sub_count_after_restart(linked: Any, connect: Any, dds: Dds) -> None:
     dds.reader("rt" + topic, I.String)
     assert c.wait(lambda: c.count_of(1) == 1, 5), c.counts
     assert c.error_codes() == [] and not c.closed
+
+
+def test_a_gateway_that_stays_away_leaves_nothing_in_ros(connect: Any, dds: Dds) -> None:
+    """Issue 4: "a link session that ends (and is not resumed) releases everything it created".
+    With --release-after 1 the companion drops the gateway's DDS writers 1 s after the line
+    died; when the same session comes back, the gateway hands them over again."""
+    b = make_bridge("serial", companion_args=("--release-after", "1"))
+    try:
+        topic = "/e2e_expire"
+        r = dds.reader("rt" + topic, I.String)
+        c = connect(b)
+        c.advertise(1, topic, S)
+        assert wait_for(lambda: matched(r) == 1, 10)
+        b.relay.blackhole = True
+        try:
+            assert wait_for(lambda: not b.gw.ros_ready, 5), "the link never went down"
+            assert wait_for(lambda: matched(r) == 0, 6), \
+                "the companion kept the writer of a gateway that is gone"
+        finally:
+            b.relay.blackhole = False
+        assert wait_for(lambda: b.gw.ros_ready, 5), "the link never came back"
+        assert wait_for(lambda: matched(r) == 1, 10), "the writer was not restored"
+        assert not c.closed and c.error_codes() == []
+    finally:
+        b.close()
