@@ -189,7 +189,7 @@ def test_a_gateway_that_stays_away_leaves_nothing_in_ros(connect: Any, dds: Dds)
     """Issue 4: "a link session that ends (and is not resumed) releases everything it created".
     With --release-after 1 the companion drops the gateway's DDS writers 1 s after the line
     died; when the same session comes back, the gateway hands them over again."""
-    b = make_bridge("serial", companion_args=("--release-after", "1"))
+    b: Any = make_bridge("serial", companion_args=("--release-after", "1"))
     try:
         topic = "/e2e_expire"
         r = dds.reader("rt" + topic, I.String)
