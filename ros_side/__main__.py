@@ -183,7 +183,7 @@ def run_link(args: argparse.Namespace) -> int:
         end, driver = open_companion_link(
             args.link, companion, baud=args.baud, mtu=args.link_mtu, max_message=max_message
         )
-    except (OSError, ValueError) as e:
+    except (OSError, RuntimeError, ValueError) as e:
         companion.close()
         print(f"ros_side: cannot open link {args.link}: {e}", file=sys.stderr)
         return 1

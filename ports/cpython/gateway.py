@@ -349,7 +349,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     for line in core.format_budget(args.profile, profile).splitlines():
         log.info(line)
-    ros, link = open_link(args, profile)
+    try:
+        ros, link = open_link(args, profile)
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"ubrb_min.py: cannot open link {args.link}: {e}", file=sys.stderr)
+        return 2
     if link is not None:
         link_bytes = sum(
             len(v) for v in vars(link.s).values() if isinstance(v, (bytearray, memoryview))

@@ -127,6 +127,12 @@ class SerialTransport:
         self.ser: Any = None
         self.fd = -1
         try:
+            import serial  # noqa: F401  (pyserial: only the serial link needs it)
+        except ImportError:
+            raise RuntimeError(
+                "--link serial: needs pyserial (pip install pyserial); UDP links need nothing"
+            ) from None
+        try:
             self.open()
         except Exception as e:  # not plugged in yet: the driver keeps retrying
             log.warning("link: cannot open %s yet: %s", path, e)

@@ -171,3 +171,42 @@ def test_fan_out_over_real_sockets_with_a_scripted_ros_side():
     finally:
         server.stop()
         t.join(5)
+
+
+def test_the_gateway_needs_only_the_standard_library():
+    # `python -S`: no site-packages at all, as on a bare Pi. A UDP link starts; a serial link
+    # says what it is missing instead of retrying forever.
+    import subprocess
+    import sys
+
+    g = subprocess.Popen(
+        [sys.executable, "-S", U.__file__, "--listen", "127.0.0.1:0",
+         "--link", "udp://127.0.0.1:9", "--profile", "mcu"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert g.stdout is not None
+        line = ""
+        deadline = time.monotonic() + 10
+        while "listening on" not in line and time.monotonic() < deadline:
+            line = g.stdout.readline()
+        assert "listening on" in line
+    finally:
+        g.terminate()
+        g.wait(10)
+    r = subprocess.run(
+        [sys.executable, "-S", U.__file__, "--link", "serial:/dev/ttyUSB9"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert r.returncode == 2 and "needs pyserial" in r.stderr
+
+
+def test_an_unknown_link_url_is_refused_at_start():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, U.__file__, "--link", "tcp://127.0.0.1:1"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert r.returncode == 2 and "udp://HOST:PORT or serial:PATH" in r.stderr
