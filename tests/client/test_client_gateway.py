@@ -10,6 +10,7 @@ import time
 import pytest
 
 from ubrb_client import Client
+from tests.loopback import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GATEWAY = os.path.join(ROOT, "ubrb_min.py")
@@ -17,10 +18,6 @@ GATEWAY = os.path.join(ROOT, "ubrb_min.py")
 pytestmark = pytest.mark.skipif(not os.path.exists(GATEWAY), reason="ubrb_min.py not present")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_gateway(port):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
+from tests.loopback import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DEMO = [sys.executable, str(ROOT / "tools" / "demo.py")]
@@ -46,13 +47,6 @@ def loopback_env() -> Dict[str, str]:
     return env
 
 
-def free_port(kind: int) -> int:
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-    finally:
-        s.close()
 
 
 def alive(pid: int) -> bool:
