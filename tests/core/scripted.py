@@ -1,11 +1,10 @@
 # A scripted, in-process ROS side and a test client for the gateway core.
 # Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike: no pytest, no typing.
+# Frames and QoS presets come from tests/support (also MicroPython-compatible).
 import json
 
 import ubrb_min as U
-
-QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+from tests.support.ubrb_frames import parse_frames
 
 
 class ScriptedRos:
@@ -79,40 +78,6 @@ def gateway(ros_up=True, **over):
     if ros_up:
         ros.up()
     return gw, ros
-
-
-def hello(name="test"):
-    return U.encode_json_frame(U.OP_HELLO, {"protocol": 1, "client": name})
-
-
-def advertise(id_, topic, type_="std_msgs/msg/String", qos=None):
-    return U.encode_json_frame(
-        U.OP_ADVERTISE, {"id": id_, "topic": topic, "type": type_, "qos": qos or QOS_R}
-    )
-
-
-def subscribe(id_, topic, type_="std_msgs/msg/String", qos=None):
-    return U.encode_json_frame(
-        U.OP_SUBSCRIBE, {"id": id_, "topic": topic, "type": type_, "qos": qos or QOS_R}
-    )
-
-
-def publish(id_, data):
-    b = bytearray(4)
-    U.put_u32(b, 0, id_)
-    return U.encode_frame(U.OP_PUBLISH, bytes(b) + data)
-
-
-def parse_frames(data):
-    """[(op, payload)] of a byte string of whole frames."""
-    out = []
-    o = 0
-    while o < len(data):
-        assert data[o : o + 4] == b"UBRB", "bad magic in output"
-        n = U.get_u32(data, o + 8)
-        out.append((data[o + 5], bytes(data[o + 12 : o + 12 + n])))
-        o += 12 + n
-    return out
 
 
 class Client:

@@ -6,7 +6,9 @@
 import gc
 
 import ubrb_min as U
-from scripted import QOS_BE, Client, gateway, hello, advertise, publish, subscribe
+from scripted import Client, gateway
+from tests.support.qos import QOS_BE
+from tests.support.ubrb_frames import advertise, hello, publish, subscribe
 
 N = 10000
 

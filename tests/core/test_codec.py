@@ -1,6 +1,6 @@
 # The frame decoder: split points, many frames per read, malformed headers, per-op caps.
 import ubrb_min as U
-from scripted import advertise, hello, publish
+from tests.support.ubrb_frames import advertise, hello, publish
 
 CPYTHON_ONLY: set = set()
 

@@ -2,6 +2,7 @@
 # best-effort channels, fragmentation, limits, liveness, epochs.  Time is injected (no sleeps);
 # runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
 import ubrb_min as L
+from tests.support.clock import VirtualClock
 
 MICROPYTHON_ONLY = {"test_mp_allocation_per_message"}
 
@@ -39,7 +40,7 @@ def sess(gateway, epoch, **kw):
     return L.LinkSession(Rec(), epoch, gateway, **kw)
 
 
-class Pair:
+class Pair(VirtualClock):
     """Two sessions joined by an in-memory wire; `mangle(data, direction)` may corrupt,
     drop, split or reorder what crosses it (it returns a list of chunks)."""
 
@@ -47,7 +48,7 @@ class Pair:
         self.a = a
         self.b = b
         self.mangle = mangle
-        self.now = now
+        VirtualClock.__init__(self, now)
         self.held = [[], []]        # for reordering in datagram tests
         self.wire = [0, 0]          # bytes put on the wire per direction
 
@@ -67,14 +68,6 @@ class Pair:
                     if len(c):
                         y.feed(c, 0, len(c), now)
         self.now = now + dt
-
-    def run(self, ms, dt=1, until=None):
-        end = self.now + ms
-        while self.now < end:
-            self.step(dt)
-            if until is not None and until():
-                return True
-        return until is None
 
     def up(self):
         assert self.run(2000, until=lambda: self.a.is_up() and self.b.is_up())

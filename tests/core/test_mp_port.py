@@ -7,7 +7,9 @@ import json
 
 import ubrb_min as U
 import mp_fakes as F
-from scripted import QOS_BE, QOS_R, ScriptedRos, advertise, hello, parse_frames, publish, subscribe
+from scripted import ScriptedRos
+from tests.support.qos import QOS_BE, QOS_R
+from tests.support.ubrb_frames import advertise, hello, parse_frames, publish, subscribe
 
 G, LK = F.load_port()
 

@@ -1,6 +1,8 @@
 # Per-client send queues: eviction order, reserved room for control frames, isolation of clients.
 import ubrb_min as U
-from scripted import QOS_BE, Client, gateway, hello, subscribe
+from scripted import Client, gateway
+from tests.support.qos import QOS_BE
+from tests.support.ubrb_frames import hello, parse_frames, subscribe
 
 
 class Owner:
@@ -76,7 +78,7 @@ def test_queue_wraps_by_compaction_and_keeps_order():
         q.sent(take)
     out += bytes(q.buf[q.head : q.tail])
     q.sent(q.pending())
-    frames = __import__("scripted").parse_frames(out)
+    frames = parse_frames(out)
     assert [p[4] for _, p in frames] == list(range(200))
     assert q.evicted == 0 and q.refused == 0
 

@@ -1,7 +1,9 @@
 # Registry and fan-out: shared slots, ref counts, conflicts, release, SUB_COUNT, ROS results.
 
 import ubrb_min as U
-from scripted import QOS_BE, Client, advertise, gateway, hello, publish, subscribe
+from scripted import Client, gateway
+from tests.support.qos import QOS_BE
+from tests.support.ubrb_frames import advertise, hello, publish, subscribe
 
 
 def ready(gw, n=1):

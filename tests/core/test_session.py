@@ -2,7 +2,9 @@
 import json
 
 import ubrb_min as U
-from scripted import QOS_BE, Client, advertise, gateway, hello, publish, subscribe
+from scripted import Client, gateway
+from tests.support.qos import QOS_BE
+from tests.support.ubrb_frames import advertise, hello, parse_frames, publish, subscribe
 
 
 def test_hello_ack_fields_and_unknown_distro_until_ros_reports():
@@ -77,7 +79,7 @@ def test_too_many_clients():
     Client(gw)
     Client(gw)
     assert gw.accept(0) == -1
-    ((op, payload),) = [(f[0], f[1]) for f in __import__("scripted").parse_frames(gw.reject_frame())]
+    ((op, payload),) = [(f[0], f[1]) for f in parse_frames(gw.reject_frame())]
     assert op == U.OP_ERROR
     assert json.loads(payload)["code"] == "too_many_clients"
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 
@@ -10,25 +12,37 @@ import pytest
 
 import ubrb_min as U
 from ports.cpython.gateway import GatewayServer
-from scripted import QOS_BE, ScriptedRos, advertise, hello, profile, publish, subscribe
-from tests.gateway.ubrb_test_client import GatewayProcess, TcpClient
+from scripted import ScriptedRos, profile
+from tests.support.procs import ROOT, Proc
+from tests.support.qos import QOS_BE
+from tests.support.raw_client import RawClient
+from tests.support.ubrb_frames import advertise, hello, publish, subscribe
+
+
+class GatewayProcess(Proc):
+    """`python ubrb_min.py ...`, started from another directory, on an ephemeral loopback port."""
+
+    def __init__(self, *args: str) -> None:
+        super().__init__([sys.executable, os.path.join(ROOT, "ubrb_min.py"),
+                          "--listen", "127.0.0.1:0", *args], cwd="/")
+        self.port = int(self.wait_line(r"listening on [\d.]+:(\d+)", 10).group(1))
 
 
 @pytest.fixture(scope="module")
 def gateway():
     g = GatewayProcess("--link", "none", "--profile", "mcu", "--max-clients", "3")
     yield g
-    out = g.stop()
-    assert g.proc.returncode == 0, out
+    g.stop()
+    assert g.proc.returncode == 0, g.text()
 
 
 def test_start_up_prints_the_memory_budget(gateway):
-    text = "".join(gateway.lines)
+    text = gateway.text()
     assert "profile mcu: worst-case memory budget" in text
 
 
 def test_handshake_pipelined_registration_and_ping(gateway):
-    c = TcpClient(gateway.port)
+    c = RawClient(gateway.port)
     c.send(
         hello("pytest")
         + advertise(1, "/odom", "nav_msgs/msg/Odometry")
@@ -46,7 +60,7 @@ def test_handshake_pipelined_registration_and_ping(gateway):
 
 
 def test_frames_split_across_many_tcp_segments(gateway):
-    c = TcpClient(gateway.port)
+    c = RawClient(gateway.port)
     data = hello() + U.encode_frame(U.OP_PING, b"") * 3
     for i in range(len(data)):
         c.send(data[i : i + 1])
@@ -57,10 +71,10 @@ def test_frames_split_across_many_tcp_segments(gateway):
 
 
 def test_protocol_error_closes_only_that_connection(gateway):
-    good = TcpClient(gateway.port)
+    good = RawClient(gateway.port)
     good.send(hello())
     good.expect(U.OP_HELLO_ACK)
-    bad = TcpClient(gateway.port)
+    bad = RawClient(gateway.port)
     bad.send(b"GET / HTTP/1.1\r\n\r\n")
     frames = bad.expect_closed()
     assert frames and frames[0][0] == U.OP_ERROR and b"protocol_error" in frames[0][1]
@@ -70,18 +84,18 @@ def test_protocol_error_closes_only_that_connection(gateway):
 
 
 def test_unsupported_protocol_closes(gateway):
-    c = TcpClient(gateway.port)
+    c = RawClient(gateway.port)
     c.send(U.encode_json_frame(U.OP_HELLO, {"protocol": 7, "client": "x"}))
     frames = c.expect_closed()
     assert b"unsupported_protocol" in frames[0][1]
 
 
 def test_too_many_clients(gateway):
-    held = [TcpClient(gateway.port) for _ in range(3)]
+    held = [RawClient(gateway.port) for _ in range(3)]
     for c in held:
         c.send(hello())
         c.expect(U.OP_HELLO_ACK)
-    extra = TcpClient(gateway.port)
+    extra = RawClient(gateway.port)
     frames = extra.expect_closed()
     assert frames[0][0] == U.OP_ERROR and b"too_many_clients" in frames[0][1]
     for c in held:
@@ -89,7 +103,7 @@ def test_too_many_clients(gateway):
     # Slots come back once those connections are gone.
     deadline = time.monotonic() + 5
     while True:
-        c = TcpClient(gateway.port)
+        c = RawClient(gateway.port)
         c.send(hello())
         f = c.recv_frame()
         c.close()
@@ -101,10 +115,11 @@ def test_too_many_clients(gateway):
 
 def test_sigint_stops_cleanly():
     g = GatewayProcess("--link", "none", "--profile", "mcu")
-    c = TcpClient(g.port)
+    c = RawClient(g.port)
     c.send(hello())
     c.expect(U.OP_HELLO_ACK)
-    out = g.stop(signal.SIGINT)
+    g.stop(signal.SIGINT)
+    out = g.text()
     assert g.proc.returncode == 0, out
     assert "stopped; counters" in out
     assert c.recv_frame() is None  # our connection was closed, not left hanging
@@ -150,8 +165,8 @@ def test_fan_out_over_real_sockets_with_a_scripted_ros_side():
     t = threading.Thread(target=server.serve, args=(run_jobs,), daemon=True)
     t.start()
     try:
-        a = TcpClient(server.address[1])
-        b = TcpClient(server.address[1])
+        a = RawClient(server.address[1])
+        b = RawClient(server.address[1])
         a.send(hello() + subscribe(3, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE) + advertise(1, "/cmd"))
         b.send(hello() + subscribe(9, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE))
         a.expect(U.OP_HELLO_ACK)

@@ -8,10 +8,11 @@
 //
 // Each test file gets a fresh MicroPython instance (in its own worker thread, so one module's heap
 // state cannot disturb another's gc.mem_alloc() measurements, and a hung file can be stopped).
-// ubrb_min.py (with any other top-level *.py) and every tests/core/*.py are copied into the
-// instance's file system under /repo, mirroring the repository layout, and /repo and
-// /repo/tests/core are appended to sys.path, so `import ubrb_min` and `import scripted` (a helper
-// in tests/core) work as under pytest.
+// ubrb_min.py (with any other top-level *.py), every tests/core/*.py and the shared test helpers
+// (tests/__init__.py, tests/support/*.py) are copied into the instance's file system under /repo,
+// mirroring the repository layout, and /repo and /repo/tests/core are appended to sys.path, so
+// `import ubrb_min`, `import scripted` (a helper in tests/core) and
+// `from tests.support.qos import QOS_R` work as under pytest.
 //
 // In a test module, every module-level callable named test_* runs, in definition order (then any
 // others alphabetically). A module-level set CPYTHON_ONLY = {"test_x", ...} skips those here;
@@ -33,6 +34,7 @@ const PKG = "@micropython/micropython-webassembly-pyscript";
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, "..", "..");
 const CORE_DIR = path.join(ROOT, "tests", "core");
+const SUPPORT_DIR = path.join(ROOT, "tests", "support");
 const CORE_MODULE = path.join(ROOT, "ubrb_min.py");
 const FS_ROOT = "/repo";
 
@@ -154,7 +156,8 @@ async function main(args) {
   }
 
   // The files every instance gets: the top-level modules (ubrb_min.py and any other *.py at the
-  // repository root) and all of tests/core (test modules and helpers).
+  // repository root), all of tests/core (test modules and helpers) and the shared test helpers
+  // (the package tests.support; tests/core imports only its MicroPython-compatible modules).
   // The core, the MicroPython port (ports/__init__.py + ports/micropython/) and the dual-runtime
   // tests with their helpers.
   const common = [
@@ -162,6 +165,8 @@ async function main(args) {
     ...pyFiles(path.join(ROOT, "ports")),
     ...pyFiles(path.join(ROOT, "ports", "micropython")),
     ...pyFiles(CORE_DIR),
+    path.join(ROOT, "tests", "__init__.py"),
+    ...pyFiles(SUPPORT_DIR),
   ];
 
   const timeoutS = Number(process.env.MP_FILE_TIMEOUT || 300);

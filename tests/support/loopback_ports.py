@@ -1,4 +1,4 @@
-"""Helpers shared by the test directories that start real processes on this machine."""
+"""Free loopback ports for the tests that start real servers and processes on this machine."""
 
 import socket
 

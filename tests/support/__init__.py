@@ -1,0 +1,19 @@
+"""Helpers every test directory shares (import them as ``tests.support.<module>``).
+
+- ``qos``: the QoS presets of UBRB requests (reliable, best effort, latched).
+- ``ubrb_frames``: client -> gateway frames (HELLO, ADVERTISE, ...) and splitting a byte stream
+  into (op, payload) frames; built on the core's own encoders.
+- ``clock``: the virtual millisecond clock that drives sans-IO parts deterministically.
+- ``raw_client``: one blocking UBRB client on a real TCP socket (byte-level: for tests that send
+  malformed input or watch exact frames; the client library is ``ubrb_client``).
+- ``loopback_ports``: a free port on 127.0.0.1 (not ``ports``: that is the gateway's ports package).
+- ``procs``: a subprocess with its output collected line by line, the environment of child
+  processes (DDS confined to loopback), ``wait_for`` polling.
+- ``ptys``: pseudo-terminal pairs reachable by a stable symlink (a "replugable" serial device).
+- ``dds``: DDS confined to loopback for this process.
+- ``ros_idl``: hand-written IDL types of a few ROS messages, for an independent DDS participant.
+
+``qos``, ``ubrb_frames`` and ``clock`` are also imported by tests/core under real MicroPython
+(tests/mp/run.mjs copies this directory): keep them free of typing, pytest and CPython-only
+modules. Benchmarks (bench/) import nothing from here.
+"""
