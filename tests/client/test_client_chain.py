@@ -25,11 +25,10 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -41,12 +40,12 @@ GATEWAY = os.path.join(ROOT, "ubrb_min.py")
 cyclonedds = pytest.importorskip("cyclonedds")
 
 from ros_side.backends.dds import LOOPBACK_XML, DdsBackend  # noqa: E402
-from tests.loopback import free_port  # noqa: E402
+from tests.support.dds import confine_this_process  # noqa: E402
+from tests.support.loopback_ports import free_port  # noqa: E402
+from tests.support.procs import Proc, child_env, wait_for  # noqa: E402
 
 # Before any cyclonedds domain exists in this process (the backend below also gets it explicitly).
-os.environ["CYCLONEDDS_URI"] = LOOPBACK_XML
-os.environ.pop("ROS_LOCALHOST_ONLY", None)
-os.environ.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
+confine_this_process()
 
 # Our share of 220..232: tests/e2e takes 220 + pid % 13, so within one pytest run (one pid) the
 # offset keeps us on another id; parallel runs (other pids) spread over the range.
@@ -63,27 +62,6 @@ pytestmark = [
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def child_env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["CYCLONEDDS_URI"] = LOOPBACK_XML
-    env["ROS_DOMAIN_ID"] = str(DOMAIN)
-    env.pop("ROS_LOCALHOST_ONLY", None)
-    env.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, step: float = 0.005) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() >= end:
-            return v
-        time.sleep(step)
-
-
 def string_cdr(text: str) -> bytes:
     """std_msgs/msg/String as CDR (little-endian, encapsulation header included)."""
     b = text.encode() + b"\0"
@@ -94,67 +72,6 @@ def string_of(cdr: bytes) -> str:
     """The data of a std_msgs/msg/String sample from DDS (it may carry 0-3 padding bytes)."""
     n = int.from_bytes(cdr[4:8], "little")
     return cdr[8:8 + n - 1].decode()
-
-
-class Proc:
-    """A subprocess; stdout and stderr collected line by line in the background."""
-
-    def __init__(self, argv: List[str]) -> None:
-        self.argv = argv
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     bufsize=1)
-        self.out: List[str] = []
-        self.err: List[str] = []
-        self.cv = threading.Condition()
-        self.threads = [threading.Thread(target=self._read, args=(f, lines), daemon=True)
-                        for f, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for t in self.threads:
-            t.start()
-
-    def _read(self, f: Any, lines: List[str]) -> None:
-        for line in f:
-            with self.cv:
-                lines.append(line)
-                self.cv.notify_all()
-        with self.cv:
-            self.cv.notify_all()
-
-    def text(self) -> str:
-        with self.cv:
-            return "".join(self.out) + "".join(self.err)
-
-    def wait_line(self, pattern: str, timeout: float) -> "re.Match[str]":
-        rx = re.compile(pattern, re.M)
-        end = time.monotonic() + timeout
-        with self.cv:
-            while True:
-                m = rx.search("".join(self.out) + "".join(self.err))
-                if m:
-                    return m
-                left = end - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None
-                                 and not any(t.is_alive() for t in self.threads)):
-                    raise AssertionError("%r not seen from %s:\n%s"
-                                         % (pattern, " ".join(self.argv), self.text()))
-                self.cv.wait(min(left, 0.05))
-
-    def wait(self, timeout: float) -> int:
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("%s still running after %g s:\n%s"
-                                 % (" ".join(self.argv), timeout, self.text()))
-        for t in self.threads:
-            t.join(5)
-        return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        for t in self.threads:
-            t.join(5)
 
 
 class Chain:
@@ -175,7 +92,7 @@ class Chain:
             raise
 
     def _spawn(self, argv: List[str]) -> Proc:
-        p = Proc(argv)
+        p = Proc(argv, env=child_env(DOMAIN))
         self.procs.append(p)
         return p
 
@@ -453,17 +370,18 @@ def test_cli_pub_echo_round_trip(chain: Chain, dds: DdsBackend) -> None:
     # A foreign DDS writer on /chatter, never written: it tells us when the companion's reader
     # (made for echo's SUBSCRIBE) exists, so pub's first message has somewhere to go.
     probe = dds.create_publisher("/chatter", STRING, BE_QOS)
-    echo = Proc(cli + ["echo", "/chatter", STRING, "--count", "3", "--duration", "20"] + server)
+    echo = Proc(cli + ["echo", "/chatter", STRING, "--count", "3", "--duration", "20"] + server,
+                env=child_env(DOMAIN))
     pub: Optional[Proc] = None
     try:
         assert wait_for(lambda: dds.subscription_count(probe) >= 1, 15), echo.text()
         pub = Proc(cli + ["pub", "/chatter", STRING, "{data: hello}", "--rate", "5", "--count", "5"]
-                   + server)
+                   + server, env=child_env(DOMAIN))
         assert pub.wait(15) == 0, pub.text()
         assert echo.wait(15) == 0, echo.text()
-        docs = "".join(echo.out).split("---\n")
+        docs = echo.stdout().split("---\n")
         assert docs == ["data: hello\n"] * 3 + [""], echo.text()
-        assert len(re.findall(r"^publishing #\d+", "".join(pub.out), re.M)) == 5, pub.text()
+        assert len(re.findall(r"^publishing #\d+", pub.stdout(), re.M)) == 5, pub.text()
     finally:
         for p in (echo, pub):
             if p is not None:

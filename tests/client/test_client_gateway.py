@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ubrb_client import Client
-from tests.loopback import free_port
+from tests.support.loopback_ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GATEWAY = os.path.join(ROOT, "ubrb_min.py")

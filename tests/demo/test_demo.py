@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
-from tests.loopback import free_port
+from tests.support.loopback_ports import free_port
+from tests.support.procs import Proc, child_env
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DEMO = [sys.executable, str(ROOT / "tools" / "demo.py")]
@@ -36,17 +36,8 @@ def domain(k: int) -> int:
 
 
 def loopback_env() -> Dict[str, str]:
-    sys.path.insert(0, str(ROOT))
-    from ros_side.backends.dds import LOOPBACK_XML
-
-    env = dict(os.environ)
-    env["CYCLONEDDS_URI"] = LOOPBACK_XML
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("ROS_DOMAIN_ID", None)
-    env.pop("NO_COLOR", None)
-    return env
-
-
+    """DDS on loopback; the demo picks its domain (--domain); colour decided by the demo."""
+    return child_env(unset=("NO_COLOR",))
 
 
 def alive(pid: int) -> bool:
@@ -61,53 +52,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-class Run:
-    """A process whose stdout is collected line by line in the background."""
+class Run(Proc):
+    """A process of the demo (by default with ``loopback_env()``)."""
 
     def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None) -> None:
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env or loopback_env(),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self.lines: List[str] = []
-        self._cv = threading.Condition()
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._cv:
-                self.lines.append(line.rstrip("\n"))
-                self._cv.notify_all()
-
-    @property
-    def text(self) -> str:
-        with self._cv:
-            return "\n".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float) -> "re.Match[str]":
-        rx = re.compile(pattern, re.M)
-        end = time.monotonic() + timeout
-        with self._cv:
-            while True:
-                m = rx.search("\n".join(self.lines))
-                if m:
-                    return m
-                left = end - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None and not self._t.is_alive():
-                    raise AssertionError("no %r within %.0f s; output:\n%s"
-                                         % (pattern, timeout, "\n".join(self.lines)))
-                self._cv.wait(min(left, 0.1))
-
-    def wait(self, timeout: float) -> int:
-        rc = self.proc.wait(timeout)
-        self._t.join(5)
-        return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
+        super().__init__(argv, env=env or loopback_env())
 
 
 def child_pids(text: str) -> Dict[str, int]:
@@ -130,7 +79,7 @@ def demo_runs() -> Iterator[List[Run]]:
     runs: List[Run] = []
     yield runs
     for r in runs:  # whatever happened: nothing of ours survives the test
-        pids = child_pids(r.text)
+        pids = child_pids(r.text())
         r.kill()
         for pid in pids.values():
             if alive(pid):
@@ -150,7 +99,7 @@ def test_demo_runs_the_whole_chain(demo_runs: List[Run], tmp_path: Path) -> None
                       "--log-dir", str(tmp_path)])
     demo_runs.append(run)
     rc = run.wait(60)
-    text = run.text
+    text = run.text()
     assert rc == 0, text
     assert not ANSI.search(text), "colour codes although stdout is not a terminal"
     for step in ("starting gateway", "starting companion", "waiting for the companion link",
@@ -178,10 +127,10 @@ def test_demo_runs_the_whole_chain(demo_runs: List[Run], tmp_path: Path) -> None
 def test_ctrl_c_stops_everything_and_exits_0(demo_runs: List[Run], tmp_path: Path) -> None:
     run = Run(DEMO + ["--ports", "0", "--domain", str(domain(1)), "--log-dir", str(tmp_path)])
     demo_runs.append(run)
-    run.wait_for(r"^pose \(/odom\)\s+x", 30)
+    run.wait_line(r"^pose \(/odom\)\s+x", 30)
     run.proc.send_signal(signal.SIGINT)
     rc = run.wait(20)
-    text = run.text
+    text = run.text()
     assert rc == 0, text
     assert "SIGINT: stopping" in text
     assert "stopping: sim ok, observer ok, companion ok, gateway ok" in text, text
@@ -193,11 +142,11 @@ def test_a_dying_child_is_reported_and_the_rest_stopped(demo_runs: List[Run],
     run = Run(DEMO + ["--duration", "30", "--ports", "0", "--domain", str(domain(2)),
                       "--log-dir", str(tmp_path)])
     demo_runs.append(run)
-    run.wait_for(r"^up in ", 30)
-    pids = child_pids(run.text)
+    run.wait_line(r"^up in ", 30)
+    pids = child_pids(run.text())
     os.kill(pids["companion"], signal.SIGKILL)
     rc = run.wait(20)
-    text = run.text
+    text = run.text()
     assert rc == 1, text
     assert re.search(r"FAILED: companion \(pid %d\) died: killed by SIGKILL" % pids["companion"],
                      text), text
@@ -220,7 +169,7 @@ def test_bench_round_trip_through_the_chain_with_the_echo(tmp_path: Path) -> Non
         Run([py, "tools/ros_observer.py", "echo", "--domain", dom], env),
     ]
     try:
-        procs[2].wait_for(r"^echo: /ubrb_bench/ping -> /ubrb_bench/pong", 20)
+        procs[2].wait_line(r"^echo: /ubrb_bench/ping -> /ubrb_bench/pong", 20)
         results = {}
         for q in ("reliable", "best_effort"):
             bench = subprocess.run(
@@ -244,5 +193,5 @@ def test_bench_round_trip_through_the_chain_with_the_echo(tmp_path: Path) -> Non
             except subprocess.TimeoutExpired:
                 p.kill()
                 codes.append(None)
-    assert codes == [0, 0, 0], [p.text for p in procs]
-    assert re.search(r"echo: stopped after (\d+) messages \(0 errors\)", procs[2].text)
+    assert codes == [0, 0, 0], [p.text() for p in procs]
+    assert re.search(r"echo: stopped after (\d+) messages \(0 errors\)", procs[2].text())

@@ -3,7 +3,7 @@
 Everything is real: TCP sockets, the UDP link on 127.0.0.1, pseudo-terminal pairs for the serial
 link, the companion as a ``python -m ros_side`` subprocess, Cyclone DDS between processes.
 
-DDS is confined to loopback (shared/design/ROS-NOTES.md): ``ros_helpers`` sets the loopback
+DDS is confined to loopback (shared/design/ROS-NOTES.md): ``tests.support.dds`` sets the loopback
 ``CYCLONEDDS_URI`` for this process before any participant exists, and every participant of
 these tests (the independent one here, the companions) gets ``E2E_XML`` explicitly: the same
 loopback configuration plus a discovery tag unique to this run (Cyclone's
@@ -25,32 +25,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
 from typing import Any, Callable, Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ROS_TESTS = os.path.join(ROOT, "tests", "ros")
-for _p in (ROOT, ROS_TESTS):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import ubrb_min as U
+from ports.cpython import link_transport as LT
+from ports.cpython.gateway import GatewayServer
+from tests.support.dds import LOOPBACK_XML, confine_this_process
+from tests.support.loopback_ports import free_port
+from tests.support.procs import Proc, child_env, wait_for
+from tests.support.ptys import PtyCable
+from tests.support.raw_client import RawClient
 
-# Loopback-only CYCLONEDDS_URI for this process, set before any cyclonedds domain exists.
-import ros_helpers  # type: ignore[import-not-found]  # noqa: E402,F401
-from ros_helpers import LOOPBACK_XML  # type: ignore[import-not-found]  # noqa: E402
-
-import ubrb_min as U  # noqa: E402
-from ports.cpython import link_transport as LT  # noqa: E402
-from ports.cpython.gateway import GatewayServer  # noqa: E402
-from tests.link.helpers import Pty, free_udp_port  # noqa: E402
+confine_this_process()   # before any cyclonedds domain exists in this process
 
 # Cyclone accepts domain ids 0..232; 220..232 keep clear of tests/ros and tests/demo, and their
 # RTPS ports (7400 + 250 * id + ...) lie above the ephemeral port range.
@@ -60,98 +52,11 @@ E2E_XML = LOOPBACK_XML.replace("<Discovery>", "<Discovery><Tag>%s</Tag>" % E2E_T
 assert E2E_TAG in E2E_XML and '<NetworkInterface name="lo"/>' in E2E_XML
 MODES = ["udp", "serial", "direct"]
 SERIAL_BAUD = 4_000_000    # pty pairs have no line rate; both ends pace to baud/10 bytes/s
-QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
-QOS_LATCH = {"reliability": "reliable", "durability": "transient_local", "depth": 1}
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:
-    """Poll ``cond`` until it returns something true or the deadline passes; its last value."""
-    end = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() >= end:
-            return v
-        time.sleep(step)
-
-
-def child_env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["CYCLONEDDS_URI"] = E2E_XML               # never leave the machine; this run only
-    env["ROS_DOMAIN_ID"] = str(E2E_DOMAIN)
-    env.pop("ROS_LOCALHOST_ONLY", None)
-    env.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-# -- processes ------------------------------------------------------------------------------------
-class Proc:
-    """A subprocess whose output (stdout + stderr) is collected line by line in the background."""
-
-    def __init__(self, argv: List[str]) -> None:
-        self.argv = argv
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1)
-        self.lines: List[str] = []
-        self.cv = threading.Condition()
-        self.t = threading.Thread(target=self._read, daemon=True)
-        self.t.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.cv:
-                self.lines.append(line)
-                self.cv.notify_all()
-        with self.cv:
-            self.cv.notify_all()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self) -> str:
-        with self.cv:
-            return "".join(self.lines)
-
-    def wait_line(self, pattern: str, timeout: float = 15.0) -> "re.Match[str]":
-        rx = re.compile(pattern)
-        end = time.monotonic() + timeout
-        with self.cv:
-            k = 0
-            while True:
-                while k < len(self.lines):
-                    m = rx.search(self.lines[k])
-                    if m:
-                        return m
-                    k += 1
-                left = end - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self.t.is_alive()):
-                    raise AssertionError("%r not seen in the output of %s:\n%s"
-                                         % (pattern, " ".join(self.argv), "".join(self.lines)))
-                self.cv.wait(min(left, 0.1))
-
-    def kill(self) -> None:
-        """SIGKILL: the process gets no chance to clean up (its DDS entities stay in discovery
-        until their lease expires, its link end just stops answering)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.t.join(5)
-
-    def stop(self) -> Optional[int]:
-        """SIGTERM, then SIGKILL after 5 s. Returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.t.join(5)
-        return self.proc.returncode
+def e2e_proc(argv: List[str]) -> Proc:
+    """A process of this run: DDS on loopback, in this run's domain id and discovery tag."""
+    return Proc(argv, env=child_env(E2E_DOMAIN, E2E_XML))
 
 
 def companion_argv(link: str, *extra: str) -> List[str]:
@@ -165,7 +70,7 @@ def direct_argv(*extra: str) -> List[str]:
 
 
 # -- the serial link: two pty pairs joined by a relay ----------------------------------------------
-class PtyRelay:
+class PtyRelay(PtyCable):
     """gateway <-> slave A | master A <-relay-> master B | slave B <-> companion.
 
     The slaves are reached through stable symlinks (``url("gw")``, ``url("comp")``), so a
@@ -173,17 +78,12 @@ class PtyRelay:
     their writes to the baud rate themselves."""
 
     def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="ubrb-e2e-")
-        self.a = Pty(os.path.join(self.dir, "gw"))
-        self.b = Pty(os.path.join(self.dir, "comp"))
+        super().__init__("ubrb-e2e-")
         self.moved = [0, 0]
         self.blackhole = False      # True: bytes are read and dropped (a cut cable)
         self._stop_r, self._stop_w = os.pipe()
         self.t = threading.Thread(target=self._run, daemon=True, name="pty-relay")
         self.t.start()
-
-    def url(self, which: str) -> str:
-        return "serial:" + (self.a.link_path if which == "gw" else self.b.link_path)
 
     def _run(self) -> None:
         ma, mb = self.a.master, self.b.master
@@ -222,12 +122,7 @@ class PtyRelay:
         self.t.join(5)
         for fd in (self._stop_r, self._stop_w):
             os.close(fd)
-        self.a.close()
-        self.b.close()
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
+        super().close()
 
 
 # -- bridges ------------------------------------------------------------------------------------
@@ -264,7 +159,7 @@ class LinkBridge(Bridge):
 
     def _start(self, overrides: Dict[str, int]) -> None:
         if self.mode == "udp":
-            cport = free_udp_port()
+            cport = free_port(socket.SOCK_DGRAM)
             self.comp_url = "udp://127.0.0.1:%d" % cport
             gw_url = self.comp_url
         else:
@@ -308,7 +203,7 @@ class LinkBridge(Bridge):
         return False
 
     def start_companion(self) -> None:
-        self.comp = Proc(companion_argv(self.comp_url, *self.companion_args))
+        self.comp = e2e_proc(companion_argv(self.comp_url, *self.companion_args))
         self.comp.wait_line(r"companion on link")
 
     def kill_companion(self) -> None:
@@ -342,7 +237,7 @@ class DirectBridge(Bridge):
     mode = "direct"
 
     def __init__(self, extra: tuple = ()) -> None:
-        self.comp = Proc(direct_argv(*extra))
+        self.comp = e2e_proc(direct_argv(*extra))
         try:
             m = self.comp.wait_line(r"direct mode: UBRB bridge on [\d.]+:(\d+)")
         except BaseException:
@@ -361,16 +256,14 @@ def make_bridge(mode: str, **kw: Any) -> Bridge:
 
 
 # -- a small threaded UBRB client ----------------------------------------------------------------
-class Client:
+class Client(RawClient):
     """A UBRB v1 client on a real TCP socket. A reader thread collects every frame; a PING goes
     out every 2 s so the gateway's 10 s idle timer never closes a quiet test client. It never
     reconnects: ``closed`` tells whether the gateway ended the connection."""
 
     def __init__(self, port: int, name: str = "e2e") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().__init__(port)
         self.sock.settimeout(0.1)
-        self.lock = threading.Lock()       # one sender at a time (test thread, pinger)
         self.cv = threading.Condition()
         self.frames: List[tuple] = []
         self.messages: Dict[int, List[bytes]] = defaultdict(list)
@@ -382,67 +275,37 @@ class Client:
         self.running = True
         self.t = threading.Thread(target=self._run, daemon=True, name="ubrb-client-" + name)
         self.t.start()
-        self.send(U.encode_json_frame(U.OP_HELLO, {"protocol": 1, "client": name}))
+        self.hello(name)
         assert self.wait(lambda: self.hello_ack is not None), "no HELLO_ACK"
-
-    # sending
-    def send(self, data: bytes) -> None:
-        with self.lock:
-            self.sock.sendall(data)
-
-    def advertise(self, id_: int, topic: str, type_: str, qos: Optional[dict] = None) -> None:
-        self.send(U.encode_json_frame(U.OP_ADVERTISE, {"id": id_, "topic": topic, "type": type_,
-                                                       "qos": qos or QOS_R}))
-
-    def subscribe(self, id_: int, topic: str, type_: str, qos: Optional[dict] = None) -> None:
-        self.send(U.encode_json_frame(U.OP_SUBSCRIBE, {"id": id_, "topic": topic, "type": type_,
-                                                       "qos": qos or QOS_R}))
-
-    def unadvertise(self, id_: int) -> None:
-        self.send(U.encode_json_frame(U.OP_UNADVERTISE, {"id": id_}))
-
-    def publish(self, id_: int, data: bytes) -> None:
-        self.send(U.encode_frame(U.OP_PUBLISH, id_.to_bytes(4, "little") + data))
 
     def sync(self, timeout: float = 5.0) -> None:
         """PING and wait for its PONG: the gateway has handled everything sent before."""
         with self.cv:
             n = self.pongs
-        self.send(U.encode_frame(U.OP_PING, b""))
+        self.ping()
         assert self.wait(lambda: self.pongs > n, timeout), "no PONG"
 
     # receiving
     def _run(self) -> None:
-        buf = bytearray()
         last_ping = time.monotonic()
         while self.running:
             if time.monotonic() - last_ping >= 2.0:
                 last_ping = time.monotonic()
                 try:
-                    self.send(U.encode_frame(U.OP_PING, b""))
+                    self.ping()
                 except OSError:
                     pass
             try:
-                chunk = self.sock.recv(1 << 20)
+                got = self.receive(1 << 20)
             except socket.timeout:
                 continue
             except OSError:
-                chunk = b""
-            if not chunk:
+                got = None
+            if got is None:
                 with self.cv:
                     self.closed = True
                     self.cv.notify_all()
                 return
-            buf += chunk
-            o = 0
-            got = []
-            while len(buf) - o >= 12:
-                n = U.get_u32(buf, o + 8)
-                if len(buf) - o < 12 + n:
-                    break
-                got.append((buf[o + 5], bytes(buf[o + 12:o + 12 + n])))
-                o += 12 + n
-            del buf[:o]
             if got:
                 with self.cv:
                     for op, p in got:

@@ -11,10 +11,7 @@ from typing import Any, Dict
 
 import pytest
 
-import ros_idl as I  # type: ignore[import-not-found]  # (tests/ros on sys.path: helpers.py)
 from tests.e2e.helpers import (
-    QOS_LATCH,
-    QOS_R,
     Dds,
     RawCollector,
     alive_endpoints,
@@ -26,8 +23,10 @@ from tests.e2e.helpers import (
     string_msg,
     tf_msg,
     twist,
-    wait_for,
 )
+from tests.support import ros_idl as I
+from tests.support.qos import QOS_LATCH, QOS_R
+from tests.support.procs import wait_for
 
 MIB = 1024 * 1024
 

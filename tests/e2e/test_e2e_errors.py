@@ -9,11 +9,8 @@ from typing import Any, Iterator, List
 
 import pytest
 
-import ros_idl as I  # type: ignore[import-not-found]  # (tests/ros on sys.path: helpers.py)
 from tests.e2e.helpers import (
     MODES,
-    QOS_BE,
-    QOS_R,
     Client,
     Dds,
     RawCollector,
@@ -21,8 +18,10 @@ from tests.e2e.helpers import (
     matched,
     ser,
     string_msg,
-    wait_for,
 )
+from tests.support import ros_idl as I
+from tests.support.qos import QOS_BE, QOS_R
+from tests.support.procs import wait_for
 
 S = "std_msgs/msg/String"
 

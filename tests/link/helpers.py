@@ -8,15 +8,12 @@ from __future__ import annotations
 import os
 import random
 import socket
-import tempfile
-import tty
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ubrb_min as L
 from ports.cpython import link_transport as LT
-
-QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+from tests.support.clock import VirtualClock
+from tests.support.ptys import PtyCable
 
 
 def payload(i: int, size: int) -> bytes:
@@ -123,11 +120,11 @@ class CompanionEnd:
         self.d = LT.LinkDriver(self.t, self.s)
 
 
-class World:
+class World(VirtualClock):
     """Runs drivers and proxies on a virtual clock: each step is `dt` virtual milliseconds."""
 
     def __init__(self) -> None:
-        self.now = 10_000
+        super().__init__(10_000)
         self.drivers: List[Any] = []
         self.proxies: List[Any] = []
         self.hooks: List[Callable[[int], None]] = []
@@ -146,55 +143,13 @@ class World:
             d.flush(now)
         self.now = now + dt
 
-    def run(self, ms: int, until: Optional[Callable[[], bool]] = None, dt: int = 1) -> bool:
-        end = self.now + ms
-        while self.now < end:
-            self.step(dt)
-            if until is not None and until():
-                return True
-        return until is None
 
-
-class Pty:
-    """A pty pair whose slave is reachable by a stable symlink (so it can be 'replugged')."""
-
-    def __init__(self, link_path: str) -> None:
-        self.link_path = link_path
-        self.master = -1
-        self.slave = -1
-        self.plug()
-
-    def plug(self) -> None:
-        m, s = os.openpty()
-        tty.setraw(m)
-        tty.setraw(s)
-        os.set_blocking(m, False)
-        tmp = self.link_path + ".new"
-        os.symlink(os.ttyname(s), tmp)
-        os.replace(tmp, self.link_path)
-        self.master, self.slave = m, s
-
-    def unplug(self) -> None:
-        # closing both sides makes the driver's read return EOF, like a vanished USB device
-        for fd in (self.master, self.slave):
-            if fd >= 0:
-                os.close(fd)
-        self.master = self.slave = -1
-        os.unlink(self.link_path)
-
-    def close(self) -> None:
-        if self.master >= 0:
-            self.unplug()
-
-
-class SerialProxy:
+class SerialProxy(PtyCable):
     """Shuttles bytes between two pty masters at `baud`, injecting bit flips, dropped,
     duplicated and inserted bytes and cut-off runs (truncated frames)."""
 
     def __init__(self, seed: int, baud: int = 115200, noise: float = 1.0) -> None:
-        self.dir = tempfile.mkdtemp(prefix="ubrb-link-")
-        self.a = Pty(os.path.join(self.dir, "gw"))
-        self.b = Pty(os.path.join(self.dir, "comp"))
+        super().__init__("ubrb-link-")
         self.rng = random.Random(seed)
         self.bpms = baud / 10000.0  # bytes per ms (8N1: 10 bits a byte)
         self.noise = noise
@@ -203,9 +158,6 @@ class SerialProxy:
         self.last = -1
         self.events = {"flip": 0, "drop": 0, "dup": 0, "insert": 0, "cut": 0}
         self.cutting = [0, 0]
-
-    def url(self, which: str) -> str:
-        return "serial:" + (self.a.link_path if which == "gw" else self.b.link_path)
 
     def mangle(self, data: bytes, d: int) -> bytes:
         if self.noise <= 0:
@@ -260,14 +212,6 @@ class SerialProxy:
                 except (BlockingIOError, OSError):
                     w = 0
                 del self.pending[d][:w]
-
-    def close(self) -> None:
-        self.a.close()
-        self.b.close()
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
 
 
 class UdpProxy:
@@ -330,11 +274,3 @@ class UdpProxy:
     def close(self) -> None:
         self.front.close()
         self.back.close()
-
-
-def free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port

@@ -8,7 +8,8 @@ import socket
 import threading
 from typing import List
 
-from tests.link.helpers import QOS_R, CompanionEnd, GatewayEnd, World, payload, seqno
+from tests.support.qos import QOS_R
+from tests.link.helpers import CompanionEnd, GatewayEnd, World, payload, seqno
 
 
 class DeviceServer:

@@ -10,9 +10,8 @@ from typing import Any, Iterator, Tuple
 import pytest
 
 import ubrb_min as L
+from tests.support.qos import QOS_BE, QOS_R
 from tests.link.helpers import (
-    QOS_BE,
-    QOS_R,
     CompanionEnd,
     GatewayEnd,
     SerialProxy,

@@ -6,14 +6,13 @@ from __future__ import annotations
 import socket
 
 import ubrb_min as L
+from tests.support.loopback_ports import free_port
+from tests.support.qos import QOS_BE, QOS_R
 from tests.link.helpers import (
-    QOS_BE,
-    QOS_R,
     CompanionEnd,
     GatewayEnd,
     UdpProxy,
     World,
-    free_udp_port,
     payload,
     seqno,
 )
@@ -26,7 +25,7 @@ def registrations(g: GatewayEnd) -> None:
 
 
 def test_udp_loss_dup_reorder_exactly_once() -> None:
-    cport = free_udp_port()
+    cport = free_port(socket.SOCK_DGRAM)
     c = CompanionEnd(f"udp://127.0.0.1:{cport}", epoch=2)
     proxy = UdpProxy(("127.0.0.1", cport), seed=42)
     g = GatewayEnd(f"udp://127.0.0.1:{proxy.port}", epoch=1)
@@ -69,7 +68,7 @@ def test_udp_loss_dup_reorder_exactly_once() -> None:
 
 
 def test_udp_peer_locked_foreign_ignored_and_restarts() -> None:
-    cport = free_udp_port()
+    cport = free_port(socket.SOCK_DGRAM)
     url = f"udp://127.0.0.1:{cport}"
     c = CompanionEnd(url, epoch=20)
     g = GatewayEnd(url, epoch=10)

@@ -7,27 +7,12 @@ machine do not see each other.
 """
 
 import os
-import sys
-import time
 
-LOOPBACK_XML = (
-    '<CycloneDDS><Domain><General><Interfaces><NetworkInterface name="lo"/></Interfaces>'
-    '<AllowMulticast>false</AllowMulticast></General><Discovery>'
-    '<ParticipantIndex>auto</ParticipantIndex><MaxAutoParticipantIndex>50</MaxAutoParticipantIndex>'
-    '<Peers><Peer address="127.0.0.1"/></Peers></Discovery></Domain></CycloneDDS>'
-)
+from tests.support.dds import confine_this_process
 
-# Always ours: a user's own CYCLONEDDS_URI might allow traffic to leave the machine.
-os.environ["CYCLONEDDS_URI"] = LOOPBACK_XML
-os.environ.pop("ROS_LOCALHOST_ONLY", None)
-os.environ.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
 # Domain ids 0..232 are valid; keep clear of 0 (the usual ROS domain) and of the low ids.
 TEST_DOMAIN = int(os.environ.get("UBRB_TEST_DOMAIN", str(100 + os.getpid() % 120)))
-os.environ["ROS_DOMAIN_ID"] = str(TEST_DOMAIN)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+confine_this_process(TEST_DOMAIN)
 
 
 class RecordingSink:
@@ -65,15 +50,3 @@ class RecordingSink:
 
     def counts(self, slot):
         return [c[2] for c in self.of("count") if c[1] == slot]
-
-
-def wait_for(cond, timeout=5.0, step=0.005, poll=None):
-    """Poll ``cond`` (calling ``poll()`` first each round) until true; return its last value."""
-    end = time.monotonic() + timeout
-    while True:
-        if poll is not None:
-            poll()
-        v = cond()
-        if v or time.monotonic() >= end:
-            return v
-        time.sleep(step)

@@ -18,8 +18,9 @@ from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from rosbags.typesys import Stores, get_typestore
 
-import ros_idl as I
-from ros_helpers import TEST_DOMAIN, wait_for
+from tests.support import ros_idl as I
+from ros_helpers import TEST_DOMAIN
+from tests.support.procs import wait_for
 from ros_side.companion import Companion
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ros_helpers import wait_for
+from tests.support.procs import wait_for
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_rclpy")
 REL = {"reliability": "reliable", "durability": "volatile", "depth": 10}

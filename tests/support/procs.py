@@ -48,28 +48,37 @@ def child_env(domain: Optional[int] = None, dds_config: Optional[str] = None,
 
 
 class Proc:
-    """A subprocess (by default in the repository, with ``child_env()``) whose output, stdout and
-    stderr together, is collected line by line in the background."""
+    """A subprocess (by default in the repository, with ``child_env()``) whose output is
+    collected line by line in the background: ``text()`` is stdout and stderr in the order the
+    lines were read, ``stdout()`` stdout alone (for output a test parses)."""
 
     def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None,
                  cwd: str = ROOT) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env if env is not None else child_env(),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self.lines: List[str] = []
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.lines: List[str] = []   # stdout and stderr
+        self.out: List[str] = []     # stdout only
         self.cv = threading.Condition()
-        self.t = threading.Thread(target=self._read, daemon=True)
-        self.t.start()
+        self.threads = [threading.Thread(target=self._read, args=(f, own), daemon=True)
+                        for f, own in ((self.proc.stdout, self.out), (self.proc.stderr, None))]
+        for t in self.threads:
+            t.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+    def _read(self, f: Any, own: Optional[List[str]]) -> None:
+        for line in f:
             with self.cv:
                 self.lines.append(line)
+                if own is not None:
+                    own.append(line)
                 self.cv.notify_all()
         with self.cv:
             self.cv.notify_all()
+
+    def _join(self) -> None:
+        for t in self.threads:
+            t.join(5)
 
     @property
     def pid(self) -> int:
@@ -78,6 +87,10 @@ class Proc:
     def text(self) -> str:
         with self.cv:
             return "".join(self.lines)
+
+    def stdout(self) -> str:
+        with self.cv:
+            return "".join(self.out)
 
     def wait_line(self, pattern: str, timeout: float = 15.0) -> "re.Match[str]":
         """The first match of ``pattern`` (``^``/``$`` match at line ends) in the output; fails
@@ -90,7 +103,8 @@ class Proc:
                 if m:
                     return m
                 left = end - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self.t.is_alive()):
+                if left <= 0 or (self.proc.poll() is not None
+                                 and not any(t.is_alive() for t in self.threads)):
                     raise AssertionError("%r not seen within %g s in the output of %s:\n%s"
                                          % (pattern, timeout, " ".join(self.argv),
                                             "".join(self.lines)))
@@ -104,7 +118,7 @@ class Proc:
         except subprocess.TimeoutExpired:
             raise AssertionError("%s still running after %g s:\n%s"
                                  % (" ".join(self.argv), timeout, self.text())) from None
-        self.t.join(5)
+        self._join()
         return rc
 
     def kill(self) -> None:
@@ -113,7 +127,7 @@ class Proc:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-        self.t.join(5)
+        self._join()
 
     def stop(self, sig: int = signal.SIGTERM) -> Optional[int]:
         """``sig`` (SIGTERM), then SIGKILL after 5 s. Returns the exit code."""
@@ -124,5 +138,5 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        self.t.join(5)
+        self._join()
         return self.proc.returncode
