@@ -13,73 +13,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
 import subprocess
 import sys
 import time
 import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "core"))
+sys.path.insert(0, BENCH)
 
-import ubrb_min as U  # noqa: E402
-from scripted import Client, advertise, gateway, hello, publish, subscribe  # noqa: E402
+import relay_paths  # noqa: E402
 
 SIZES = (64, 1024, 65536)
-
-
-def core_setup(size: int):
-    gw, ros = gateway(max_payload=size + 64, queue_bytes=4 * size + 8192, max_control=512)
-    ros.max = size + 64
-    ros.last = bytearray(size + 64)
-    ros.up()
-    ros.record = False
-    a, b = Client(gw), Client(gw)
-    a.send(hello() + advertise(1, "/in"))
-    b.send(hello() + subscribe(2, "/out"))
-    a.frames()
-    b.frames()
-    frame = publish(1, bytes(size))
-    msg = bytearray(size)
-    slot = gw.subs.find("/out")
-    dec, q = a.session.decoder, b.session.queue
-
-    def relay(n: int) -> None:
-        flen = len(frame)
-        for i in range(n):
-            U.copy_into(dec.buf, dec.fill, frame, 0, flen)
-            gw.received(a.ci, flen, i)
-            gw.ros_message(slot, msg, 0, size)
-            q.sent(q.pending())
-
-    return relay
-
-
-def naive_setup(size: int):
-    """The usual way: accumulate bytes, slice frames out, build output with concatenation."""
-    frame = publish(1, bytes(size))
-    msg = bytes(size)
-    state: dict = {"rx": b"", "out": [], "published": None}
-
-    def relay(n: int) -> None:
-        for _ in range(n):
-            state["rx"] += frame
-            rx = state["rx"]
-            while len(rx) >= 12:
-                (length,) = struct.unpack("<I", rx[8:12])
-                if len(rx) < 12 + length:
-                    break
-                payload = rx[12 : 12 + length]
-                rx = rx[12 + length :]
-                (pid,) = struct.unpack("<I", payload[:4])
-                state["published"] = payload[4:]
-            state["rx"] = rx
-            out = b"UBRB\x01\x08\x00\x00" + struct.pack("<I", 4 + size) + struct.pack("<I", 2) + msg
-            state["out"].append(out)
-            state["out"].clear()
-
-    return relay
 
 
 def measure_cpython(setup, size: int, count: int):
@@ -100,41 +46,12 @@ def measure_cpython(setup, size: int, count: int):
 
 
 MP_SCRIPT = r"""
-import gc, sys, struct
+import gc, sys
 sys.path.append('/lib')
-import ubrb_min as U
-from scripted import Client, advertise, gateway, hello, publish, subscribe
+import relay_paths
 COUNT = %d
-def core(size):
-    gw, ros = gateway(max_payload=size + 64, queue_bytes=4 * size + 8192, max_control=512)
-    ros.max = size + 64; ros.last = bytearray(size + 64); ros.up(); ros.record = False
-    a = Client(gw); b = Client(gw)
-    a.send(hello() + advertise(1, "/in")); b.send(hello() + subscribe(2, "/out"))
-    a.frames(); b.frames()
-    frame = publish(1, bytes(size)); msg = bytearray(size); slot = gw.subs.find("/out")
-    dec = a.session.decoder; q = b.session.queue; flen = len(frame)
-    def relay(n):
-        for i in range(n):
-            U.copy_into(dec.buf, dec.fill, frame, 0, flen)
-            gw.received(a.ci, flen, i)
-            gw.ros_message(slot, msg, 0, size)
-            q.sent(q.pending())
-    return relay
-def naive(size):
-    frame = publish(1, bytes(size)); msg = bytes(size); st = [b""]
-    def relay(n):
-        for _ in range(n):
-            rx = st[0] + frame
-            while len(rx) >= 12:
-                length = struct.unpack("<I", rx[8:12])[0]
-                if len(rx) < 12 + length: break
-                payload = rx[12:12 + length]; rx = rx[12 + length:]
-                pid = struct.unpack("<I", payload[:4])[0]; data = payload[4:]
-            st[0] = rx
-            out = b"UBRB\x01\x08\x00\x00" + struct.pack("<I", 4 + size) + struct.pack("<I", 2) + msg
-    return relay
 for size in (64, 1024):
-    for name, mk in (("core", core), ("naive", naive)):
+    for name, mk in (("core", relay_paths.core), ("naive", relay_paths.naive)):
         relay = mk(size); relay(50)
         gc.collect(); gc.disable()
         a = gc.mem_alloc(); relay(COUNT); d = gc.mem_alloc() - a
@@ -153,7 +70,7 @@ def measure_micropython(count: int):
         "const mp = await loadMicroPython({stdout:(l)=>process.stdout.write(l+'\\n')});\n"
         "mp.FS.mkdir('/lib');\n"
         "mp.FS.writeFile('/lib/ubrb_min.py', fs.readFileSync('ubrb_min.py'));\n"
-        "mp.FS.writeFile('/lib/scripted.py', fs.readFileSync('tests/core/scripted.py'));\n"
+        "mp.FS.writeFile('/lib/relay_paths.py', fs.readFileSync('bench/relay_paths.py'));\n"
         "mp.runPython(fs.readFileSync(0, 'utf8'));\n"
     )
     path = os.path.join(ROOT, "build", "bench_mp.mjs")
@@ -180,8 +97,8 @@ def main() -> None:
     print(f"{'payload':>8} | {'core relays/s':>13} | {'core heap growth':>16} | "
           f"{'naive relays/s':>14} | {'naive heap growth':>17} | {'naive peak':>10}")
     for size in SIZES:
-        c_rate, c_grown, _ = measure_cpython(core_setup, size, n)
-        n_rate, n_grown, n_peak = measure_cpython(naive_setup, size, n)
+        c_rate, c_grown, _ = measure_cpython(relay_paths.core, size, n)
+        n_rate, n_grown, n_peak = measure_cpython(relay_paths.naive, size, n)
         print(f"{size:>8} | {c_rate:>13,.0f} | {c_grown:>14} B | {n_rate:>14,.0f} | "
               f"{n_grown:>15} B | {n_peak:>8} B")
     rows = measure_micropython(n)

@@ -190,7 +190,7 @@ def test_bench_round_trip_through_the_chain_with_the_echo(tmp_path: Path) -> Non
         for p in reversed(procs):
             try:
                 codes.append(p.wait(10))
-            except subprocess.TimeoutExpired:
+            except AssertionError:  # still running after 10 s (Proc.wait)
                 p.kill()
                 codes.append(None)
     assert codes == [0, 0, 0], [p.text() for p in procs]
