@@ -14,26 +14,13 @@ import ubrb_min as U
 QOS = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 
 
-class SinkRos:
+class SinkRos(U.NullRosPort):
     """The ROS side of the relay: copies each published message into one buffer (as a real port
     copies it out), keeps nothing else."""
 
     def __init__(self, max_message):
-        self.sink = None
         self.last = bytearray(max_message)
         self.published = 0
-
-    def advertise(self, slot, topic, type_, qos):
-        pass
-
-    def unadvertise(self, slot):
-        pass
-
-    def subscribe(self, slot, topic, type_, qos):
-        pass
-
-    def unsubscribe(self, slot):
-        pass
 
     def publish(self, slot, buf, off, n, reliable):
         U.copy_into(self.last, 0, buf, off, n)

@@ -3,11 +3,11 @@
 Answers HELLO with HELLO_ACK and PING with PONG, records every frame per connection, and can be
 killed (listener and connections closed) and restarted on the same port.
 """
-import json
 import socket
 import threading
-import time
 
+import client_wire as W
+from tests.support.procs import wait_for
 from ubrb_client import frames as F
 
 
@@ -15,7 +15,7 @@ class Conn:
     def __init__(self, server, sock):
         self.server = server
         self.sock = sock
-        self.frames = []           # (op_name, payload) as in ubrbwire.parse
+        self.frames = []           # (op_name, payload) as in client_wire.parse
         self.lock = threading.Lock()
         self.closed = False
         self.pubs = {}             # publisher id -> topic (route mode)
@@ -37,17 +37,10 @@ class Conn:
                 if not data:
                     break
                 for op, payload in dec.feed(data):
-                    name = F.OP_NAMES.get(op, str(op))
-                    if op == F.PUBLISH:
-                        rec = (name, F.split_data_payload(payload))
-                    elif payload:
-                        rec = (name, json.loads(payload))
-                    else:
-                        rec = (name, None)
+                    rec = W.record(op, payload)
                     self.frames.append(rec)
                     if op == F.HELLO and self.server.auto_ack:
-                        self.send(F.encode_json_frame(F.HELLO_ACK, {"protocol": 1, "server": "fake/0",
-                                                                    "ros_distro": "humble"}))
+                        self.send(W.hello_ack())
                     elif op == F.PING and self.server.auto_pong:
                         self.send(F.encode_frame(F.PONG))
                     elif op in (F.ADVERTISE, F.SUBSCRIBE):
@@ -59,14 +52,14 @@ class Conn:
                             for sid, t in list(c.subs.items()):
                                 if t == topic and not c.closed:
                                     try:
-                                        c.send(F.encode_data_frame(F.MESSAGE, sid, cdr))
+                                        c.send(W.message(sid, cdr))
                                     except OSError:
                                         pass
                     elif op == F.PUBLISH and self.server.echo is not None:
                         pid, cdr = rec[1]
                         sid = self.server.echo.get(pid)
                         if sid is not None:
-                            self.send(F.encode_data_frame(F.MESSAGE, sid, cdr))
+                            self.send(W.message(sid, cdr))
         except OSError:
             pass
         finally:
@@ -142,9 +135,4 @@ class FakeServer:
         return [f for c in self.conns for f in c.frames]
 
     def wait(self, pred, timeout=5.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred():
-                return True
-            time.sleep(0.005)
-        return pred()
+        return wait_for(pred, timeout)

@@ -7,17 +7,17 @@ from ubrb_client import frames as F
 def parse(data: bytes):
     """Complete frames in data as a list of (op_name, payload) with JSON decoded and data
     frames as (id, cdr)."""
-    dec = F.FrameDecoder()
-    out: list[tuple[str, object]] = []
-    for op, payload in dec.feed(data):
-        name = F.OP_NAMES.get(op, str(op))
-        if op in (F.PUBLISH, F.MESSAGE):
-            out.append((name, F.split_data_payload(payload)))
-        elif payload:
-            out.append((name, json.loads(payload)))
-        else:
-            out.append((name, None))
-    return out
+    return [record(op, payload) for op, payload in F.FrameDecoder().feed(data)]
+
+
+def record(op: int, payload: bytes) -> tuple[str, object]:
+    """One frame as (op_name, payload): data frames as (id, cdr), JSON decoded, else None."""
+    name = F.OP_NAMES.get(op, str(op))
+    if op in (F.PUBLISH, F.MESSAGE):
+        return name, F.split_data_payload(payload)
+    if payload:
+        return name, json.loads(payload)
+    return name, None
 
 
 def ops(data: bytes):

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from tests.e2e.helpers import E2E_DOMAIN, E2E_XML, MODES, Client, Dds, make_bridge
+from tests.e2e.helpers import E2E_DOMAIN, E2E_XML, MODES, Client, Dds, open_bridge
 
 
 @pytest.fixture(scope="session")
@@ -42,11 +42,7 @@ def dds(dp: Any) -> Iterator[Dds]:
 @pytest.fixture(scope="module", params=MODES)
 def bridge(request: Any) -> Iterator[Any]:
     """One bridge per transport per module: udp link, serial link (pty pairs), direct mode."""
-    b = make_bridge(request.param)
-    try:
-        yield b
-    finally:
-        b.close()
+    yield from open_bridge(request.param)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import ubrb_min as U
 from ports.cpython import link_transport as LT
@@ -253,6 +253,15 @@ def make_bridge(mode: str, **kw: Any) -> Bridge:
     if mode == "direct":
         return DirectBridge(**kw)
     return LinkBridge(mode, **kw)
+
+
+def open_bridge(mode: str, **kw: Any) -> Iterator[Bridge]:
+    """For a fixture: ``yield from open_bridge(mode)`` -- the bridge, closed when it is done."""
+    b = make_bridge(mode, **kw)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 # -- a small threaded UBRB client ----------------------------------------------------------------

@@ -14,7 +14,7 @@ from tests.e2e.helpers import (
     Client,
     Dds,
     RawCollector,
-    make_bridge,
+    open_bridge,
     matched,
     ser,
     string_msg,
@@ -33,14 +33,10 @@ LINK_MAX = 1024    # link mode: the companion's --max-message (gateway -> ROS di
 def small(request: Any) -> Iterator[Any]:
     """The bridge of this module, with small message limits (the other tests do not care)."""
     if request.param == "direct":
-        b = make_bridge("direct", extra=("--max-payload", str(GW_MAX)))
+        yield from open_bridge("direct", extra=("--max-payload", str(GW_MAX)))
     else:
-        b = make_bridge(request.param, profile={"max_payload": GW_MAX},
-                        companion_args=("--max-message", str(LINK_MAX)))
-    try:
-        yield b
-    finally:
-        b.close()
+        yield from open_bridge(request.param, profile={"max_payload": GW_MAX},
+                               companion_args=("--max-message", str(LINK_MAX)))
 
 
 # -- decided by the companion ------------------------------------------------------------------

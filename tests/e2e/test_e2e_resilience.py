@@ -18,6 +18,7 @@ from tests.e2e.helpers import (
     RawCollector,
     alive_endpoints,
     make_bridge,
+    open_bridge,
     matched,
     ser,
     string_msg,
@@ -31,11 +32,7 @@ S = "std_msgs/msg/String"
 
 @pytest.fixture(scope="module", params=["udp", "serial"])
 def linked(request: Any) -> Iterator[Any]:
-    b = make_bridge(request.param)
-    try:
-        yield b
-    finally:
-        b.close()
+    yield from open_bridge(request.param)
 
 
 def seq_of(data: bytes) -> int:
