@@ -2,7 +2,7 @@
 mode): UBRB client -> gateway -> link -> companion -> DDS -> an independent cyclonedds participant
 in this process, and back; subscriber counts and discovery follow the clients and DDS readers.
 
-The independent side uses hand-written IDL types (tests/ros/ros_idl.py) and raw CDR takes, so the
+The independent side uses hand-written IDL types (tests/support/ros_idl.py) and raw CDR takes, so the
 check does not go through the companion's own type machinery."""
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def test_tf_static_reaches_late_joining_reader(bridge: Any, connect: Any, dds: D
     assert canary.wait(1) == [data]          # it is in the writer's history now
     late = RawCollector(dds.reader("rt/tf_static", I.TFMessage, transient_local=True, depth=1))
     assert late.wait(1) == [data]
-    o = I.TFMessage.deserialize(late.got[0])
+    o: Any = I.TFMessage.deserialize(late.got[0])
     assert o.transforms[0].child_frame_id == msg.transforms[0].child_frame_id
     # a late volatile reader does not get it: durability is what delivered it
     vol = RawCollector(dds.reader("rt/tf_static", I.TFMessage, depth=1))
