@@ -1,7 +1,8 @@
 """Shared pytest set-up for the whole suite.
 
 - Puts the repository root on sys.path (``import ubrb_min``, ``import ros_side``,
-  ``import ports...``) and tests/core (helpers shared with the MicroPython leg, e.g.
+  ``import ports...``, and the helpers every test directory shares: ``tests.support``) and
+  tests/core (helpers of the core's tests, shared with the MicroPython leg, e.g.
   ``import scripted``).
 - tests/core/test_*.py also run under real MicroPython (tests/mp/run.mjs). A module-level set
   ``MICROPYTHON_ONLY = {"test_x", ...}`` marks tests that only make sense there (e.g. gc.mem_alloc()
