@@ -18,6 +18,7 @@ from cyclonedds.topic import Topic  # noqa: E402
 
 from ros_side.backends.dds import make_qos  # noqa: E402
 from ros_side.dds_types import TypeRegistry  # noqa: E402
+from tests.support.qos import QOS_R  # noqa: E402
 
 
 def main():
@@ -25,9 +26,8 @@ def main():
     assert os.environ.get("CYCLONEDDS_URI", "").startswith("<CycloneDDS>")  # loopback only
     cls = TypeRegistry("humble").idl_type(rtype)
     dp = DomainParticipant(int(domain))
-    qos = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-    r = DataReader(dp, Topic(dp, "rt" + tin, cls), qos=make_qos(qos, False))
-    w = DataWriter(dp, Topic(dp, "rt" + tout, cls), qos=make_qos(qos, True))
+    r = DataReader(dp, Topic(dp, "rt" + tin, cls), qos=make_qos(QOS_R, False))
+    w = DataWriter(dp, Topic(dp, "rt" + tout, cls), qos=make_qos(QOS_R, True))
     print("ready", flush=True)
     left = int(count)
     end = time.monotonic() + 20

@@ -22,13 +22,11 @@ from tests.support import ros_idl as I
 from ros_helpers import TEST_DOMAIN
 from tests.support.procs import wait_for
 from ros_side.companion import Companion
+from tests.support.qos import QOS_BE, QOS_LATCH, QOS_R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STORE = get_typestore(Stores.ROS2_HUMBLE)
 T = STORE.types
-REL = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
-LATCH = {"reliability": "reliable", "durability": "transient_local", "depth": 1}
 
 
 
@@ -109,7 +107,7 @@ def test_publish_reaches_independent_reader(comp, sink, dp, rtype, cls, make, ch
     t = Topic(dp, "rt" + topic, cls)
     typed = DataReader(dp, t, qos=dqos())
     raw_reader = DataReader(dp, t, qos=dqos())
-    comp.advertise(1, topic, rtype, REL)
+    comp.advertise(1, topic, rtype, QOS_R)
     assert sink.results() == [("pub", 1, None)]
     # the companion's writer is discovered by both readers
     assert wait_for(lambda: typed.get_subscription_matched_status().current_count == 1)
@@ -127,7 +125,7 @@ def test_publish_reaches_independent_reader(comp, sink, dp, rtype, cls, make, ch
 def test_independent_writer_reaches_subscription(comp, sink, dp, rtype, cls, make, check):
     topic = "/in_" + rtype.split("/")[-1].lower()
     w = DataWriter(dp, Topic(dp, "rt" + topic, cls), qos=dqos())
-    comp.subscribe(7, topic, rtype, REL)
+    comp.subscribe(7, topic, rtype, QOS_R)
     assert sink.results() == [("sub", 7, None)]
     assert wait_for(lambda: w.get_publication_matched_status().current_count == 1)
     data = ser(make(), rtype)
@@ -149,8 +147,8 @@ def test_raw_bytes_across_processes(comp, sink):
                          stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
-        comp.advertise(1, "/wire_out", rtype, REL)
-        comp.subscribe(1, "/wire_back", rtype, REL)
+        comp.advertise(1, "/wire_out", rtype, QOS_R)
+        comp.subscribe(1, "/wire_back", rtype, QOS_R)
         assert wait_for(lambda: sink.counts(1) == [1], poll=comp.poll)  # the echo's reader
         big = ser(image(1024 * 1024 + 1), rtype)       # fragmented; length not a multiple of 4
         small = ser(image(8), rtype)                   # one datagram; a multiple of 4
@@ -173,18 +171,18 @@ def test_raw_bytes_across_processes(comp, sink):
 
 
 def test_errors(comp, sink):
-    comp.advertise(1, "/err_ok", "std_msgs/msg/String", REL)
-    comp.advertise(2, "chatter", "std_msgs/msg/String", REL)            # not absolute
-    comp.advertise(3, "/a//b", "std_msgs/msg/String", REL)
-    comp.advertise(4, "/err_t", "std_msgs/msg/Nope", REL)               # not an interface
-    comp.advertise(5, "/err_t", "not a type", REL)                      # malformed
-    comp.subscribe(1, "/err_ok", "geometry_msgs/msg/Twist", REL)        # other type than pub
-    comp.advertise(6, "/err_ok", "std_msgs/msg/String", BE)             # same topic, other qos
+    comp.advertise(1, "/err_ok", "std_msgs/msg/String", QOS_R)
+    comp.advertise(2, "chatter", "std_msgs/msg/String", QOS_R)            # not absolute
+    comp.advertise(3, "/a//b", "std_msgs/msg/String", QOS_R)
+    comp.advertise(4, "/err_t", "std_msgs/msg/Nope", QOS_R)               # not an interface
+    comp.advertise(5, "/err_t", "not a type", QOS_R)                      # malformed
+    comp.subscribe(1, "/err_ok", "geometry_msgs/msg/Twist", QOS_R)        # other type than pub
+    comp.advertise(6, "/err_ok", "std_msgs/msg/String", QOS_BE)             # same topic, other qos
     comp.advertise(7, "/err_ok", "std_msgs/String", {"reliability": "reliable",
                                                       "durability": "volatile", "depth": 10})
     comp.advertise(8, "/err_q", "std_msgs/msg/String", {"reliability": "sometimes"})
-    comp.subscribe(2, "/err_s", "nopkg/msg/X", REL)
-    comp.advertise(9, "/err_ok", "std_msgs/msg/Bool", REL)              # pub vs pub type
+    comp.subscribe(2, "/err_s", "nopkg/msg/X", QOS_R)
+    comp.advertise(9, "/err_ok", "std_msgs/msg/Bool", QOS_R)              # pub vs pub type
     assert sink.results() == [
         ("pub", 1, None), ("pub", 2, "invalid_topic"), ("pub", 3, "invalid_topic"),
         ("pub", 4, "unknown_type"), ("pub", 5, "unknown_type"), ("sub", 1, "type_conflict"),
@@ -196,8 +194,8 @@ def test_errors(comp, sink):
 
 
 def test_sub_count_follows_reader(comp, sink, dp):
-    comp.advertise(3, "/count_me", "std_msgs/msg/String", REL)
-    comp.subscribe(3, "/count_me", "std_msgs/msg/String", REL)        # our own reader: not counted
+    comp.advertise(3, "/count_me", "std_msgs/msg/String", QOS_R)
+    comp.subscribe(3, "/count_me", "std_msgs/msg/String", QOS_R)        # our own reader: not counted
     assert wait_for(lambda: sink.counts(3) == [0], poll=comp.poll)
     r = DataReader(dp, Topic(dp, "rt/count_me", I.String), qos=dqos())
     assert wait_for(lambda: sink.counts(3) == [0, 1], poll=comp.poll)
@@ -216,7 +214,7 @@ def test_unadvertise_leaves_discovery(comp, sink, dp):
         # DCPSPublication: one instance per writer; a deleted writer's instance is not alive
         return {s.key for s in pubs.read(1000) if s.topic_name == "rt/going_away"
                 and s.sample_info.instance_state == InstanceState.Alive}
-    comp.advertise(4, "/going_away", "std_msgs/msg/String", REL)
+    comp.advertise(4, "/going_away", "std_msgs/msg/String", QOS_R)
     assert wait_for(lambda: r.get_subscription_matched_status().current_count == 1)
     assert wait_for(lambda: len(writers()) == 1)
     comp.unadvertise(4)
@@ -226,7 +224,7 @@ def test_unadvertise_leaves_discovery(comp, sink, dp):
 
 
 def test_transient_local_late_joiner(comp, sink, dp):
-    comp.advertise(5, "/tf_static_t", "tf2_msgs/msg/TFMessage", LATCH)
+    comp.advertise(5, "/tf_static_t", "tf2_msgs/msg/TFMessage", QOS_LATCH)
     data = ser(tf_msg("laser", 4.0), "tf2_msgs/msg/TFMessage")
     comp.publish(5, data, 0, len(data), True)
     time.sleep(0.05)
@@ -271,8 +269,8 @@ def test_message_too_large_rate_limited(dds_backend, sink, dp):
 def test_reset_releases_everything(comp, sink, dp):
     r = DataReader(dp, Topic(dp, "rt/reset_pub", I.String), qos=dqos())
     w = DataWriter(dp, Topic(dp, "rt/reset_sub", I.String), qos=dqos())
-    comp.advertise(1, "/reset_pub", "std_msgs/msg/String", REL)
-    comp.subscribe(1, "/reset_sub", "std_msgs/msg/String", REL)
+    comp.advertise(1, "/reset_pub", "std_msgs/msg/String", QOS_R)
+    comp.subscribe(1, "/reset_sub", "std_msgs/msg/String", QOS_R)
     assert wait_for(lambda: r.get_subscription_matched_status().current_count == 1
                     and w.get_publication_matched_status().current_count == 1)
     comp.reset()
@@ -281,7 +279,7 @@ def test_reset_releases_everything(comp, sink, dp):
     d = comp.diagnostics()
     assert (d["pub_slots"], d["sub_slots"], d["pub_topics"], d["sub_topics"]) == (0, 0, 0, 0)
     # a new session can register the same slots again
-    comp.advertise(1, "/reset_pub", "std_msgs/msg/String", REL)
+    comp.advertise(1, "/reset_pub", "std_msgs/msg/String", QOS_R)
     assert sink.results()[-1] == ("pub", 1, None)
 
 
@@ -307,7 +305,7 @@ def test_diagnostics_published(dds_backend, sink, dp):
         comp.poll(1000)
         assert wait_for(lambda: ddspy_take(r._ref, 0xFFFF, 10))
         # a client cannot take /diagnostics with another type
-        comp.advertise(1, "/diagnostics", "std_msgs/msg/String", REL)
+        comp.advertise(1, "/diagnostics", "std_msgs/msg/String", QOS_R)
         assert sink.results()[-1] == ("pub", 1, "type_conflict")
     finally:
         comp.close(close_backend=False)
@@ -322,7 +320,7 @@ def test_jazzy_endpoints_carry_type_hash(dp):
     from ros_side.backends.dds import DdsBackend
     jazzy = DdsBackend(domain=TEST_DOMAIN, distro="jazzy")
     try:
-        h = jazzy.create_publisher("/hashed", "std_msgs/msg/String", REL)
+        h = jazzy.create_publisher("/hashed", "std_msgs/msg/String", QOS_R)
         pubs = BuiltinDataReader(dp, BuiltinTopicDcpsPublication)
 
         def user_data():

@@ -5,8 +5,8 @@ import threading
 
 from ros_side.companion import Companion
 from ros_side.errors import RosError
+from tests.support.qos import QOS_R
 
-REL = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 
 
 class FakeBackend:
@@ -62,7 +62,7 @@ def test_start_reports_up(sink):
 def test_queue_is_bounded_and_wakes(sink):
     b = FakeBackend()
     c = Companion(b, sink, diagnostics_period_ms=0, queue_limit=3)
-    c.subscribe(1, "/s", "std_msgs/msg/String", REL)
+    c.subscribe(1, "/s", "std_msgs/msg/String", QOS_R)
     assert select.select([c.wake_fd()], [], [], 0)[0] == []
     t = threading.Thread(target=lambda: [b.callbacks["/s"](b"\0\1\0\0%d" % i) for i in range(5)])
     t.start()
@@ -77,21 +77,21 @@ def test_queue_is_bounded_and_wakes(sink):
 def test_reregistration_and_release(sink):
     b = FakeBackend()
     c = Companion(b, sink, diagnostics_period_ms=0)
-    c.advertise(1, "/a", "std_msgs/msg/String", REL)
-    c.advertise(1, "/a", "std_msgs/String", dict(REL, depth=10))   # the same again (after ros_up)
+    c.advertise(1, "/a", "std_msgs/msg/String", QOS_R)
+    c.advertise(1, "/a", "std_msgs/String", dict(QOS_R, depth=10))   # the same again (after ros_up)
     assert len(b.created) == 1 and sink.results() == [("pub", 1, None)] * 2
-    c.advertise(1, "/b", "std_msgs/msg/String", REL)               # slot reused for another topic
+    c.advertise(1, "/b", "std_msgs/msg/String", QOS_R)               # slot reused for another topic
     assert b.destroyed == [b.created[0]] and len(b.created) == 2
-    c.advertise(2, "/b", "std_msgs/msg/String", dict(REL, depth=1))
-    c.advertise(3, "/c", "std_msgs/msg/String", dict(REL, depth=0))
-    c.advertise(4, "/c", "std_msgs/msg/String", dict(REL, depth=1))  # depth 0 == 1 on the wire
+    c.advertise(2, "/b", "std_msgs/msg/String", dict(QOS_R, depth=1))
+    c.advertise(3, "/c", "std_msgs/msg/String", dict(QOS_R, depth=0))
+    c.advertise(4, "/c", "std_msgs/msg/String", dict(QOS_R, depth=1))  # depth 0 == 1 on the wire
     assert sink.results()[-3:] == [("pub", 2, "qos_conflict"), ("pub", 3, None), ("pub", 4, None)]
     c.publish(9, b"abcd", 0, 4, True)
     assert c.stats["pub_dropped"] == 1
     b.fail = RuntimeError("boom")
-    c.advertise(5, "/d", "std_msgs/msg/String", REL)
+    c.advertise(5, "/d", "std_msgs/msg/String", QOS_R)
     b.fail = RosError("unknown_type", "no such")
-    c.advertise(6, "/e", "std_msgs/msg/String", REL)
+    c.advertise(6, "/e", "std_msgs/msg/String", QOS_R)
     assert sink.results()[-2:] == [("pub", 5, "unknown_type"), ("pub", 6, "unknown_type")]
     c.unadvertise(3)
     assert len(b.destroyed) == 1                                   # slot 4 still uses it
@@ -103,7 +103,7 @@ def test_counts_grace_and_changes(sink):
     b = FakeBackend()
     c = Companion(b, sink, diagnostics_period_ms=0, sub_count_interval_ms=100,
                   sub_count_grace_ms=200)
-    c.advertise(1, "/a", "std_msgs/msg/String", REL)
+    c.advertise(1, "/a", "std_msgs/msg/String", QOS_R)
     c.poll(1000)
     c.poll(1100)
     assert sink.counts(1) == []                  # 0 inside the grace period: not yet reported
@@ -115,7 +115,7 @@ def test_counts_grace_and_changes(sink):
     c.poll(1300)
     c.poll(1400)
     assert sink.counts(1) == [0, 3]
-    c.advertise(2, "/b", "std_msgs/msg/String", REL)
+    c.advertise(2, "/b", "std_msgs/msg/String", QOS_R)
     b.counts["/b"] = 1
     c.poll(1401)                                 # a new slot is looked at at once
     assert sink.counts(2) == [1]

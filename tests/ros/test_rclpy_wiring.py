@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from tests.support.procs import wait_for
+from tests.support.qos import QOS_R
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_rclpy")
-REL = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 
 
 @pytest.fixture
@@ -40,14 +40,14 @@ def test_rclpy_backend_wiring(fake_rclpy, sink, monkeypatch):
     node = backend.node
     comp = Companion(backend, sink, max_message=1000, diagnostics_period_ms=0)
     try:
-        comp.advertise(1, "/chatter", "std_msgs/msg/String", REL)
-        comp.advertise(2, "/forbidden", "std_msgs/msg/String", REL)     # rclpy's own check
-        comp.advertise(3, "/x", "nopkg/msg/String", REL)                # ModuleNotFoundError
-        comp.advertise(4, "/y", "std_msgs/msg/Nope", REL)               # AttributeError
+        comp.advertise(1, "/chatter", "std_msgs/msg/String", QOS_R)
+        comp.advertise(2, "/forbidden", "std_msgs/msg/String", QOS_R)     # rclpy's own check
+        comp.advertise(3, "/x", "nopkg/msg/String", QOS_R)                # ModuleNotFoundError
+        comp.advertise(4, "/y", "std_msgs/msg/Nope", QOS_R)               # AttributeError
         comp.advertise(5, "/z", "std_msgs/String", {"reliability": "best_effort",
                                                     "durability": "transient_local", "depth": 0})
-        comp.subscribe(1, "/cmd", "geometry_msgs/msg/Twist", REL)
-        comp.subscribe(2, "/chatter", "std_msgs/msg/String", REL)       # own sub on a pub topic
+        comp.subscribe(1, "/cmd", "geometry_msgs/msg/Twist", QOS_R)
+        comp.subscribe(2, "/chatter", "std_msgs/msg/String", QOS_R)       # own sub on a pub topic
         assert sink.results() == [("pub", 1, None), ("pub", 2, "invalid_topic"),
                                   ("pub", 3, "unknown_type"), ("pub", 4, "unknown_type"),
                                   ("pub", 5, None), ("sub", 1, None), ("sub", 2, None)]
