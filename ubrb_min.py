@@ -13,6 +13,34 @@ import sys
 import json
 import struct
 
+# ---------------------------------------------------------------------------------------------
+# Launcher: `python ubrb_min.py ...` / `micropython ubrb_min.py ...` start the gateway port of the
+# runtime they find themselves on. This is the core's only reference to ports/.
+#
+# Why at the top, not at the end: run as a script, this file is the module `__main__`; the port
+# does `import ubrb_min`, which loads this same file once more under its own name, and that copy
+# (where __name__ == "ubrb_min") skips this block and defines the core. Placed here, the block
+# hands over to the port and exits before the `__main__` copy defines anything, so the core exists
+# once, as `ubrb_min`, on both runtimes - no sys.modules aliasing (MicroPython does not even
+# register `__main__` in sys.modules), no second set of classes or buffers.
+# ---------------------------------------------------------------------------------------------
+def _launch():
+    if sys.implementation.name == "micropython":
+        from ports.micropython.gateway import main
+    else:
+        import os
+
+        # The shared CPython runtime (ubrb_host) lives in ports/cpython/ in the source tree.
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(1, os.path.join(here, "ports", "cpython"))
+        from ports.cpython.gateway import main  # type: ignore[assignment]
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    _launch()
+
+
 try:  # binascii.crc32 is C code on CPython and on every MicroPython port we target
     from binascii import crc32 as _lk_crc32
 except ImportError:  # pragma: no cover - slow bitwise fallback, same results
@@ -111,16 +139,18 @@ PROFILES = {
         "control_reserve": 1 * MIB,
     },
 }
-PROFILE_KEYS = (
-    "max_clients",
-    "max_pubs",
-    "max_subs",
-    "max_topics",
-    "max_payload",
-    "max_control",
-    "queue_bytes",
-    "control_reserve",
+# Every limit of a profile, with the sentence both ports' --help show for its flag (--max-clients...).
+LIMITS = (
+    ("max_clients", "UBRB client connections served at once"),
+    ("max_pubs", "publisher ids per client"),
+    ("max_subs", "subscription ids per client"),
+    ("max_topics", "topic slots (each for publishers and again for subscriptions)"),
+    ("max_payload", "largest PUBLISH/MESSAGE payload in bytes"),
+    ("max_control", "largest payload of any other op in bytes"),
+    ("queue_bytes", "send queue per client in bytes"),
+    ("control_reserve", "bytes of each send queue only control frames may use"),
 )
+PROFILE_KEYS = tuple([k for k, _ in LIMITS])
 
 
 def make_profile(name, overrides=None):
@@ -151,22 +181,25 @@ def make_profile(name, overrides=None):
     return p
 
 
-def memory_budget(p):
-    """Worst-case bytes the gateway core holds for profile `p`, by part."""
+def memory_budget(p, link=None):
+    """Worst-case bytes the gateway core holds for profile `p`, by part; `link` is the
+    link_sizes() of the gateway's link session, or None when it runs without one."""
     rx = HDR + max(p["max_payload"] + 4, p["max_control"])
     per_client = rx + p["queue_bytes"] + 16 * (p["max_pubs"] + p["max_subs"]) + 8 * p["max_topics"]
     # Slot tables hold topic and type strings; ROS names are at most 255 characters.
     slots = 2 * p["max_topics"] * (2 * 256 + 64)
+    link_bytes = link["total"] if link is not None else 0
     return {
         "per_client": per_client,
         "clients": per_client * p["max_clients"],
         "slots": slots,
-        "total": per_client * p["max_clients"] + slots,
+        "link": link_bytes,
+        "total": per_client * p["max_clients"] + slots + link_bytes,
     }
 
 
-def format_budget(name, p):
-    b = memory_budget(p)
+def format_budget(name, p, link=None):
+    b = memory_budget(p, link)
     lines = ["profile %s: worst-case memory budget %s" % (name, human_bytes(b["total"]))]
     lines.append(
         "  %d clients x %s (rx frame %s + send queue %s + id tables)"
@@ -185,6 +218,11 @@ def format_budget(name, p):
         "  limits: %d pub ids + %d sub ids per client, payload %s, control %s"
         % (p["max_pubs"], p["max_subs"], human_bytes(p["max_payload"]), human_bytes(p["max_control"]))
     )
+    if link is not None:
+        lines.append(
+            "  link session buffers: %s (messages up to %s, frames of %d bytes)"
+            % (human_bytes(link["total"]), human_bytes(link["max_message"]), link["max_frame"])
+        )
     return "\n".join(lines)
 
 
@@ -199,13 +237,6 @@ def human_bytes(n):
 # ---------------------------------------------------------------------------------------------
 # Byte helpers (allocation-free on both runtimes)
 # ---------------------------------------------------------------------------------------------
-def new_buffer(n):
-    """Every large buffer of the core comes from here, once, at start-up. A port may replace it:
-    the CPython port maps big ones from anonymous memory, so a 128 MiB queue reserves address
-    space at start but costs RAM only as far as it is ever filled."""
-    return bytearray(n)
-
-
 def get_u32(b, o):
     # Caller guarantees the value is < 2**30 where it matters (lengths are capped far below).
     return b[o] | (b[o + 1] << 8) | (b[o + 2] << 16) | (b[o + 3] << 24)
@@ -280,7 +311,7 @@ class FrameDecoder:
     bytes are in, before any payload is waited for.
     """
 
-    def __init__(self, max_bulk, max_control, bulk_op, allowed_ops):
+    def __init__(self, max_bulk, max_control, bulk_op, allowed_ops, new_buffer=bytearray):
         self.max_bulk = max_bulk
         self.max_control = max_control
         self.bulk_op = bulk_op
@@ -374,7 +405,7 @@ class SendQueue:
     `owner.evictable(sub_id)` says which MESSAGE frames are best_effort.
     """
 
-    def __init__(self, cap, reserve, owner):
+    def __init__(self, cap, reserve, owner, new_buffer=bytearray):
         self.cap = cap
         self.reserve = reserve
         self.owner = owner
@@ -538,11 +569,12 @@ class SlotTable:
 class ClientSession:
     """Protocol state of one TCP connection: decoder, send queue, id tables, timers."""
 
-    def __init__(self, index, p):
+    def __init__(self, index, p, new_buffer=bytearray):
         self.index = index
         self.state = S_FREE
-        self.decoder = FrameDecoder(p["max_payload"] + 4, p["max_control"], OP_PUBLISH, CLIENT_OPS)
-        self.queue = SendQueue(p["queue_bytes"], p["control_reserve"], self)
+        self.decoder = FrameDecoder(p["max_payload"] + 4, p["max_control"], OP_PUBLISH, CLIENT_OPS,
+                                    new_buffer)
+        self.queue = SendQueue(p["queue_bytes"], p["control_reserve"], self, new_buffer)
         self.max_pubs = p["max_pubs"]
         self.max_subs = p["max_subs"]
         self.pub_id = [-1] * p["max_pubs"]  # publisher id, -1 = free entry
@@ -669,11 +701,15 @@ class Gateway:
       tick(now)                   -> timers; call at least every 100 ms
     """
 
-    def __init__(self, profile, ros=None, server=SERVER_NAME, log=None):
+    def __init__(self, profile, ros=None, server=SERVER_NAME, log=None, new_buffer=bytearray):
+        # new_buffer(n): where every large buffer (decoders, send queues) comes from, once, here.
+        # bytearray by default; the CPython runtime passes one that maps big buffers from
+        # anonymous memory, so a 128 MiB queue reserves address space but costs RAM only as far
+        # as it is ever filled.
         self.p = profile
         self.server = server
         self.log = log  # callable(level, message) or None
-        self.clients = [ClientSession(i, profile) for i in range(profile["max_clients"])]
+        self.clients = [ClientSession(i, profile, new_buffer) for i in range(profile["max_clients"])]
         self.pubs = SlotTable("pub", profile["max_topics"])
         self.subs = SlotTable("sub", profile["max_topics"])
         self.ros = ros if ros is not None else NullRosPort()
@@ -1234,8 +1270,6 @@ def _qos_text(q):
 # sys, json and (optionally) binascii; no sockets, clocks or threads.
 # Time `now` is an int of milliseconds; bytes travel as (buf, off, n).
 # ---------------------------------------------------------------------------
-_LK_MP = IS_MICROPYTHON
-
 LK_VERSION = 1
 LK_SYNC0 = 0xA5
 LK_SYNC1 = 0x4E
@@ -1310,14 +1344,6 @@ def _lk_crc(buf, off, n, seed):
     return _lk_crc32(memoryview(buf)[off:off + n], seed)
 
 
-def _lk_varlen(v):
-    n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
 def _lk_putvar(b, p, v):
     while v >= 0x80:
         b[p] = (v & 0x7F) | 0x80
@@ -1345,6 +1371,87 @@ def _lk_ring_get(dst, doff, ring, pos, n):
     else:
         copy_into(dst, doff, ring, pos, k)
         copy_into(dst, doff + k, ring, 0, n - k)
+
+
+# ---- link configuration: one grammar, one sizing, one pacing, for every port ----------------
+LINK_DEFAULT_UDP_PORT = 8269
+LINK_DEFAULT_MTU = 1400      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
+LINK_SERIAL_FRAME = 1088     # serial frame cap: a 1 KiB message and its headers fit one frame
+                             # (95 ms at 115200 baud)
+LINK_MAX_MESSAGE = (1 << 23) - 64  # largest message any link session carries (lengths < 2**24)
+LINK_PACE_MS = 60            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
+
+
+def parse_link_url(url):
+    """The link grammar of every port and of the companion:
+
+      udp://HOST[:PORT]   ('udp', HOST, PORT); PORT defaults to 8269; HOST may be [v6]
+      serial:PATH         ('serial', PATH, 0); PATH is a device or pyserial URL on CPython and a
+      uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID)
+      none (or empty)     ('none', '', 0): no link, no ROS side
+
+    ValueError, with a sentence for a person, for anything else."""
+    if url is None or url == "" or url == "none":
+        return "none", "", 0
+    if url.startswith("udp://"):
+        rest = url[6:].rstrip("/")
+        if rest.startswith("["):
+            host, _, port = rest[1:].partition("]")
+            port = port[1:] if port.startswith(":") else port
+        else:
+            host, sep, port = rest.rpartition(":")
+            if not sep:
+                host, port = rest, ""
+        if not host:
+            raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d" % LINK_DEFAULT_UDP_PORT)
+        if not port:
+            return "udp", host, LINK_DEFAULT_UDP_PORT
+        try:
+            return "udp", host, int(port)
+        except ValueError:
+            raise ValueError("bad port %r in %r" % (port, url))
+    for prefix in ("serial:", "uart:"):
+        if url.startswith(prefix):
+            path = url[len(prefix):]
+            if not path:
+                raise ValueError("%s needs a device, e.g. serial:/dev/ttyACM0 or uart:1" % prefix)
+            return "serial", path, 0
+    raise ValueError("unknown link %r: use udp://HOST:PORT or serial:PATH (or none)" % url)
+
+
+def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
+    """The buffers of one link session, for either end and every port: a dict with max_message,
+    max_frame, window, rel_bytes (reliable send ring), be_bytes (best-effort ring) and total
+    (every buffer the session allocates). Rings follow the largest message, so a small profile
+    (mcu) gets small rings, a big one room for a few messages in flight."""
+    mm = min(max_message, LINK_MAX_MESSAGE)
+    frame = mtu if datagram else LINK_SERIAL_FRAME
+    # UDP on a LAN sustains a wider window; a serial line or a board's small rx queues do not.
+    window = 16 if datagram and mm > 4 * KIB else 8
+    rel = max(8 * KIB, 2 * mm, min(4 * mm, 256 * KIB))
+    be = max(4 * KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * KIB))
+    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
+    return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
+            "be_bytes": be, "total": total}
+
+
+def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
+                     max_slots=256):
+    """A LinkSession sized by link_sizes(): how every port and the companion make one."""
+    z = link_sizes(max_message, datagram, mtu)
+    return LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
+                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots)
+
+
+def pace_credit(credit, elapsed_ms, bytes_per_s):
+    """Write pacing for a serial line (both ports): the credit, in milli-bytes, after `elapsed_ms`
+    more of line time at `bytes_per_s`, capped at LINK_PACE_MS of it. Integers only (floats
+    allocate on MicroPython); every value stays < 2**30 for lines up to ~1.7 MB/s."""
+    if elapsed_ms > LINK_PACE_MS:
+        elapsed_ms = LINK_PACE_MS
+    credit += elapsed_ms * bytes_per_s
+    cap = LINK_PACE_MS * bytes_per_s
+    return credit if credit < cap else cap
 
 
 _LK_COUNTERS = (
@@ -2111,13 +2218,14 @@ class LinkSession:
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------
 
-def _lk_json(buf, off, n):
+def link_record_json(buf, off, n):
+    """The JSON body of a control record (registrations, results, stats), or None if empty."""
     if n == 0:
         return None
     return json.loads(bytes(buf[off:off + n]).decode())
 
 
-def _lk_enc(obj):
+def link_record_body(obj):
     return json.dumps(obj).encode()
 
 
@@ -2135,10 +2243,9 @@ class LinkRosPort:
         self.c_congested = 0
         self.c_too_large = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
-        self._cnt = bytearray(4)
 
     def _ctl(self, t, slot, obj):
-        b = _lk_enc(obj) if obj is not None else b""
+        b = link_record_body(obj) if obj is not None else b""
         return self.s.send(t, slot, b, 0, len(b), True, True)
 
     # RosPort
@@ -2179,7 +2286,7 @@ class LinkRosPort:
                                         "link send buffer full; reliable message dropped")
 
     def send_stats(self, d):
-        b = _lk_enc(d)
+        b = link_record_body(d)
         return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
 
     def rebase(self, d):
@@ -2214,200 +2321,15 @@ class LinkRosPort:
             if sink is not None and n >= 4:
                 sink.ros_sub_count(slot, buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16))
         elif t == LK_T_CHELLO:
-            d = _lk_json(buf, off, n) or {}
+            d = link_record_json(buf, off, n) or {}
             self.distro = d.get("distro")
             self.ros_is_up = True
             if sink is not None:
                 sink.ros_up(self.distro, self.max_message())
         elif t == LK_T_RESULT or t == LK_T_ERROR:
-            d = _lk_json(buf, off, n) or {}
+            d = link_record_json(buf, off, n) or {}
             if sink is not None:
                 f = sink.ros_result if t == LK_T_RESULT else sink.ros_error
                 f(d.get("kind"), slot, d.get("code"), d.get("message"))
         else:
             self.s.c_proto += 1
-
-
-class LinkCompanionEnd:
-    """Companion end: link records become RosPort calls on `companion`; this
-    object is the companion's GatewaySink (not thread-safe: call it from the
-    loop that drives the session)."""
-
-    def __init__(self, session, companion):
-        self.s = session
-        session.handler = self
-        self.companion = companion
-        self.regs = {}        # key (slot*2 + is_sub) -> registration body (bytes)
-        self.results = {}     # key -> (code, message) of the last ros_result
-        self.sub_rel = {}     # sub slot -> reliable?
-        self.had = False
-        self._rep = {}
-        self.c_congested = 0
-        self.c_too_large = 0
-        self.down_at = -1     # when the link went down (ms); -1 while up or already expired
-        self._cnt = bytearray(4)
-
-    def _ctl(self, t, slot, obj):
-        b = _lk_enc(obj) if obj is not None else b""
-        return self.s.send(t, slot, b, 0, len(b), True, True)
-
-    # link handler
-    def link_up(self, fresh):
-        self.down_at = -1
-        if fresh:
-            if self.had:
-                self.companion.reset()     # a new gateway: release the old one's objects
-            self.regs.clear()
-            self.results.clear()
-            self.sub_rel.clear()
-        self.had = True
-        f = getattr(self.companion, "set_max_message", None)
-        if f is not None:
-            f(self.s.max_send())           # the companion drops bigger ROS messages up front
-        self._ctl(LK_T_CHELLO, 0, {"distro": getattr(self.companion, "distro", None)})
-
-    def link_down(self):
-        # Keep everything: it may be a glitch. expire() releases it if the gateway stays away.
-        self.down_at = self.s.now
-
-    def expire(self, now, after_ms):
-        """Release everything the gateway registered once the link has been down `after_ms`:
-        a session that ends without being resumed must not leave ROS entities behind. If the
-        same session comes back later, the gateway hands its registrations over again (ros_up).
-        True when it released."""
-        if self.down_at < 0 or now - self.down_at < after_ms:
-            return False
-        self.down_at = -1
-        self.companion.reset()
-        self.regs.clear()
-        self.results.clear()
-        self.sub_rel.clear()
-        return True
-
-    def link_message(self, t, slot, buf, off, n, reliable):
-        c = self.companion
-        if t == LK_T_PUB:
-            c.publish(slot, buf, off, n, reliable)
-        elif t == LK_T_ADV or t == LK_T_SUB:
-            sub = 1 if t == LK_T_SUB else 0
-            key = slot * 2 + sub
-            body = bytes(buf[off:off + n])
-            old = self.regs.get(key)
-            if old == body:
-                # re-sent after a resumed session: answer from the cache
-                r = self.results.get(key)
-                if r is not None:
-                    self._ctl(LK_T_RESULT, slot, {"kind": "sub" if sub else "pub",
-                                                  "code": r[0], "message": r[1]})
-                return
-            if old is not None:
-                if sub:
-                    c.unsubscribe(slot)
-                else:
-                    c.unadvertise(slot)
-                self.results.pop(key, None)
-            self.regs[key] = body
-            d = json.loads(body.decode())
-            if sub:
-                q = d.get("qos") or {}
-                self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
-                c.subscribe(slot, d["topic"], d["type"], d.get("qos"))
-            else:
-                c.advertise(slot, d["topic"], d["type"], d.get("qos"))
-        elif t == LK_T_UNADV or t == LK_T_UNSUB:
-            sub = 1 if t == LK_T_UNSUB else 0
-            key = slot * 2 + sub
-            if self.regs.pop(key, None) is not None:
-                self.results.pop(key, None)
-                if sub:
-                    self.sub_rel.pop(slot, None)
-                    c.unsubscribe(slot)
-                else:
-                    c.unadvertise(slot)
-        elif t == LK_T_STATS:
-            f = getattr(c, "gateway_stats", None)
-            if f is not None:
-                f(_lk_json(buf, off, n))
-        else:
-            self.s.c_proto += 1
-
-    # GatewaySink
-    def ros_up(self, distro, max_message):
-        pass
-
-    def ros_down(self):
-        pass
-
-    def ros_result(self, kind, slot, code, message):
-        key = slot * 2 + (1 if kind == "sub" else 0)
-        if code is None:
-            self.results[key] = (code, message)
-        else:
-            self.regs.pop(key, None)       # the gateway drops failed registrations
-            self.results.pop(key, None)
-        self._ctl(LK_T_RESULT, slot, {"kind": kind, "code": code, "message": message})
-
-    def ros_error(self, kind, slot, code, message):
-        self._ctl(LK_T_ERROR, slot, {"kind": kind, "code": code, "message": message})
-
-    def ros_message(self, slot, buf, off, n):
-        rel = self.sub_rel.get(slot, True)
-        r = self.s.send(LK_T_MSG, slot, buf, off, n, rel, False)
-        if r == LK_OK:
-            return
-        if r == LK_TOO_LARGE:
-            self.c_too_large += 1
-            code = "message_too_large"
-            msg = "ROS message of %d bytes exceeds the gateway's maximum of %d" % (n, self.s.max_send())
-        elif rel:
-            self.c_congested += 1
-            code = "link_congested"
-            msg = "link send buffer full; reliable message dropped"
-        else:
-            return
-        t = self._rep.get(slot)
-        now = self.s.now
-        if t is None or now - t >= 1000:
-            self._rep[slot] = now
-            self.ros_error("sub", slot, code, msg)
-
-    def ros_sub_count(self, slot, count):
-        b = self._cnt
-        struct.pack_into("<I", b, 0, count)
-        self.s.send(LK_T_SUBCOUNT, slot, b, 0, 4, True, True)
-
-    def rebase(self, d):
-        """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
-        self.s.rebase(d)
-        for k in self._rep:
-            self._rep[k] -= d
-        if self.down_at >= 0:
-            self.down_at -= d
-
-    def counters(self):
-        d = self.s.counters()
-        d["msg_congested"] = self.c_congested
-        d["msg_too_large"] = self.c_too_large
-        return d
-
-
-# ---------------------------------------------------------------------------------------------
-# Entry point: `python ubrb_min.py ...` runs the port for the runtime it finds itself on.
-# ---------------------------------------------------------------------------------------------
-def main(argv=None):
-    # The port imports `ubrb_min`; make that name this very module instead of a second copy.
-    sys.modules["ubrb_min"] = sys.modules[__name__]
-    if IS_MICROPYTHON:
-        from ports.micropython import gateway as port  # type: ignore
-    else:
-        import os
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.insert(0, here)
-        from ports.cpython import gateway as port  # type: ignore
-    return port.main(sys.argv[1:] if argv is None else argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

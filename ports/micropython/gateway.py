@@ -1,9 +1,9 @@
 # The MicroPython port of the gateway (ESP32 / Pico W): TCP server for UBRB clients + the link.
 #
-# `ubrb_min.main()` lands here under MicroPython; on a board, main.py calls
-# `ubrb_min.main([...flags...])` or `gateway.main({...options...})` (see README.md next to this
+# `micropython ubrb_min.py ...` lands here (the core's launcher); on a board, main.py calls
+# `gateway.main([...flags...])` or `gateway.main({...options...})` (see README.md next to this
 # file). Everything protocol-shaped lives in ubrb_min (sans-IO); this module moves bytes and keeps
-# time. The counterpart of ports/cpython/gateway.py, with MicroPython APIs:
+# time. The counterpart of ports/cpython/gateway.py + ubrb_host.loop, with MicroPython APIs:
 #
 #   * one select.poll() for the listener, the clients and the link; events are read with ipoll()
 #     (allocation-free, callee-owned tuples) and handled after the iteration, so the poll set is
@@ -424,16 +424,9 @@ OPTIONS = (
     ("baud", "i", 115200, "UART baud rate; writes are paced to baud/10 bytes/s"),
     ("tx", "i", None, "UART TX pin (default: the board's pin for that UART)"),
     ("rx", "i", None, "UART RX pin"),
-    ("link_mtu", "i", mlink.DEFAULT_MTU, "largest UDP datagram on the link"),
+    ("link_mtu", "i", core.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
     ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(core.PROFILES))),
-    ("max_clients", "i", None, "UBRB client connections served at once"),
-    ("max_pubs", "i", None, "publisher ids per client"),
-    ("max_subs", "i", None, "subscription ids per client"),
-    ("max_topics", "i", None, "topic slots (for publishers and again for subscriptions)"),
-    ("max_payload", "i", None, "largest PUBLISH/MESSAGE payload in bytes"),
-    ("max_control", "i", None, "largest payload of any other op in bytes"),
-    ("queue_bytes", "i", None, "send queue per client in bytes"),
-    ("control_reserve", "i", None, "bytes of each send queue only control frames may use"),
+) + tuple([(key, "i", None, text) for key, text in core.LIMITS]) + (
     ("log_level", "s", "info", "debug, info, warning or error"),
     ("wifi_ssid", "s", None, "join this Wi-Fi network first (default: config.WIFI_SSID)"),
     ("wifi_password", "s", None, "its password (default: config.WIFI_PASSWORD)"),
@@ -556,8 +549,12 @@ def start(opts, io=None, log=None):
     io = io if io is not None else default_io()
     log = log if log is not None else Log(opts["log_level"])
     profile = profile_from(opts)
+    kind = core.parse_link_url(opts["link"])[0]  # ValueError here, before Wi-Fi, if malformed
+    sizes = None
+    if kind != "none":
+        sizes = core.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
     gc.collect()
-    for line in core.format_budget(opts["profile"], profile).splitlines():
+    for line in core.format_budget(opts["profile"], profile, sizes).splitlines():
         log("info", line)
     ssid = opts["wifi_ssid"]
     pw = opts["wifi_password"]
@@ -571,9 +568,7 @@ def start(opts, io=None, log=None):
         max_message=profile["max_payload"], tx=opts["tx"], rx=opts["rx"],
         max_slots=profile["max_topics"],
     )
-    if drv is not None:
-        log("info", "  link session buffers: %s" % core.human_bytes(drv.buffer_bytes()))
-    else:
+    if drv is None:
         log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")
     gw = core.Gateway(profile, ros=ros, log=log)
     loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,

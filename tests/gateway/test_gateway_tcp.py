@@ -9,7 +9,7 @@ import time
 import pytest
 
 import ubrb_min as U
-from ports.cpython.gateway import GatewayServer
+from ubrb_host.loop import GatewayServer
 from scripted import QOS_BE, ScriptedRos, advertise, hello, profile, publish, subscribe
 from tests.gateway.ubrb_test_client import GatewayProcess, TcpClient
 
