@@ -563,6 +563,126 @@ class SlotTable:
         return n
 
 
+PUB = 0  # registration kinds, as Registry methods take them
+SUB = 1
+
+
+class Refused(Exception):
+    """A registration the gateway refuses itself: the code and message of the client's ERROR."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Registry:
+    """Who holds which topic: one SlotTable per kind (`pubs`, `subs`) and every client's id tables.
+
+    It owns the registration rules (ids unique per client, the per-client and topic-slot limits,
+    one type per topic across both kinds, one QoS per slot) and is the only code that changes a
+    reference count. The Gateway decides what the ROS side and the clients are told.
+
+    Iterating the ids a client holds on one slot (the sweep every fan-out needs) is
+    `i = next_on(c, kind, slot, 0)` ... `i = next_on(c, kind, slot, i + 1)` until -1: no
+    iterator object, so it stays allocation-free on the relay path.
+    """
+
+    def __init__(self, max_topics):
+        self.pubs = SlotTable("pub", max_topics)
+        self.subs = SlotTable("sub", max_topics)
+
+    def table(self, kind):
+        return self.pubs if kind == PUB else self.subs
+
+    def find(self, c, kind, id_):
+        """Index of client c's live `kind` id `id_`, or -1."""
+        return c.find_pub(id_) if kind == PUB else c.find_sub(id_)
+
+    def id_at(self, c, kind, i):
+        return c.pub_id[i] if kind == PUB else c.sub_id[i]
+
+    def slot_at(self, c, kind, i):
+        return c.pub_slot[i] if kind == PUB else c.sub_slot[i]
+
+    def next_on(self, c, kind, slot, i):
+        """The first index >= i of a live `kind` id of client c on `slot`, or -1."""
+        if kind == PUB:
+            ids = c.pub_id
+            slots = c.pub_slot
+        else:
+            ids = c.sub_id
+            slots = c.sub_slot
+        n = len(ids)
+        while i < n:
+            if ids[i] >= 0 and slots[i] == slot:
+                return i
+            i += 1
+        return -1
+
+    def register(self, c, kind, id_, topic, type_, qos):
+        """Give client c's new `kind` id `id_` a slot for `topic`; returns the slot. Raises
+        Refused. The slot is new (the ROS side must be told) when holders(kind, slot) == 1."""
+        table = self.table(kind)
+        ids = c.pub_id if kind == PUB else c.sub_id
+        free = -1
+        for i in range(len(ids)):
+            if ids[i] == id_:
+                raise Refused("duplicate_id", "%s id %d is already live" % (table.kind, id_))
+            if free < 0 and ids[i] < 0:
+                free = i
+        if free < 0:
+            raise Refused("resource_exhausted", "at most %d %s ids per client (--max-%ss)"
+                          % (len(ids), table.kind, table.kind))
+        # Conflicts the gateway can decide: a topic it already holds, in either table.
+        for other in (self.pubs, self.subs):
+            j = other.find(topic)
+            if j >= 0 and other.type[j] != type_:
+                raise Refused("type_conflict",
+                              "%s already carries %s, not %s" % (topic, other.type[j], type_))
+        slot = table.find(topic)
+        if slot >= 0:
+            if table.qos[slot] != qos:
+                raise Refused("qos_conflict", "%s is already %s with QoS %s" % (
+                    topic, "advertised" if kind == PUB else "subscribed",
+                    _qos_text(table.qos[slot])))
+            table.refs[slot] += 1
+        else:
+            slot = table.allocate(topic, type_, qos)
+            if slot < 0:
+                raise Refused("resource_exhausted", "all %d %s topic slots are in use "
+                              "(--max-topics)" % (table.size, table.kind))
+        ids[free] = id_
+        if kind == PUB:
+            c.pub_slot[free] = slot
+        else:
+            c.sub_slot[free] = slot
+            c.sub_reliable[free] = table.reliable[slot]
+            c.sub_refs[slot] += 1
+        return slot
+
+    def release(self, c, kind, i):
+        """End entry i of client c's `kind` ids. Returns its slot if that was the slot's last
+        holder (the slot is free again), else -1."""
+        if kind == PUB:
+            c.pub_id[i] = -1
+            slot = c.pub_slot[i]
+        else:
+            c.sub_id[i] = -1
+            slot = c.sub_slot[i]
+            c.sub_refs[slot] -= 1
+        return slot if self.table(kind).release(slot) else -1
+
+    def holders(self, kind, slot):
+        """How many ids, over all clients, hold `slot` (0: free)."""
+        return self.table(kind).refs[slot]
+
+    def holds(self, kind, slot):
+        """Is `slot` a valid, held slot? (Slots named by the ROS side are checked with this.)"""
+        t = self.table(kind)
+        return 0 <= slot < t.size and t.refs[slot] > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # One client connection
 # ---------------------------------------------------------------------------------------------
@@ -710,8 +830,9 @@ class Gateway:
         self.server = server
         self.log = log  # callable(level, message) or None
         self.clients = [ClientSession(i, profile, new_buffer) for i in range(profile["max_clients"])]
-        self.pubs = SlotTable("pub", profile["max_topics"])
-        self.subs = SlotTable("sub", profile["max_topics"])
+        self.registry = Registry(profile["max_topics"])
+        self.pubs = self.registry.pubs  # the slot tables, for reading: the registry edits them
+        self.subs = self.registry.subs
         self.ros = ros if ros is not None else NullRosPort()
         self.ros.sink = self
         self.ros_ready = False
@@ -805,12 +926,10 @@ class Gateway:
         self._log("info", "client %d (%s) closed: %s" % (ci, c.name or "?", reason or c.close_reason))
         for i in range(c.max_pubs):
             if c.pub_id[i] >= 0:
-                c.pub_id[i] = -1
-                self._release_pub(c.pub_slot[i])
+                self._release(c, PUB, i)
         for j in range(c.max_subs):
             if c.sub_id[j] >= 0:
-                c.sub_id[j] = -1
-                self._release_sub(c, c.sub_slot[j])
+                self._release(c, SUB, j)
         c.queue.clear()
         c.decoder.reset()
         c.state = S_FREE
@@ -908,13 +1027,13 @@ class Gateway:
         try:
             msg = self._json(buf, off, n)
             if op == OP_ADVERTISE:
-                self._on_register(c, self.pubs, msg)
+                self._on_register(c, PUB, msg)
             elif op == OP_SUBSCRIBE:
-                self._on_register(c, self.subs, msg)
+                self._on_register(c, SUB, msg)
             elif op == OP_UNADVERTISE:
-                self._on_unregister(c, self.pubs, msg)
+                self._on_unregister(c, PUB, msg)
             elif op == OP_UNSUBSCRIBE:
-                self._on_unregister(c, self.subs, msg)
+                self._on_unregister(c, SUB, msg)
         except ProtocolError as e:
             self._error(c, e.id, "protocol_error", str(e))
 
@@ -954,103 +1073,57 @@ class Gateway:
         if first:
             self._log("info", "client %d says HELLO: %s" % (c.index, c.name))
 
-    def _on_register(self, c, table, msg):
+    def _on_register(self, c, kind, msg):
         id_ = _parse_id(msg)
         topic = msg.get("topic")
         type_ = msg.get("type")
         if not isinstance(topic, str) or not isinstance(type_, str):
             raise ProtocolError("'topic' and 'type' must be strings", id_)
         qos = _parse_qos(msg.get("qos"), id_)
-        pub = table is self.pubs
-        ids = c.pub_id if pub else c.sub_id
-        size = c.max_pubs if pub else c.max_subs
-        free = -1
-        for i in range(size):
-            if ids[i] == id_:
-                self._error(c, id_, "duplicate_id", "%s id %d is already live" % (table.kind, id_))
-                return
-            if free < 0 and ids[i] < 0:
-                free = i
-        if free < 0:
-            self._error(
-                c,
-                id_,
-                "resource_exhausted",
-                "at most %d %s ids per client (--max-%ss)" % (size, table.kind, table.kind),
-            )
+        reg = self.registry
+        try:
+            slot = reg.register(c, kind, id_, topic, type_, qos)
+        except Refused as e:
+            self._error(c, id_, e.code, e.message)
             return
-        # Conflicts the gateway can decide: a topic it already holds, in either table.
-        for other in (self.pubs, self.subs):
-            j = other.find(topic)
-            if j >= 0 and other.type[j] != type_:
-                self._error(
-                    c,
-                    id_,
-                    "type_conflict",
-                    "%s already carries %s, not %s" % (topic, other.type[j], type_),
-                )
-                return
-        slot = table.find(topic)
-        if slot >= 0:
-            if table.qos[slot] != qos:
-                self._error(
-                    c,
-                    id_,
-                    "qos_conflict",
-                    "%s is already %s with QoS %s"
-                    % (topic, "advertised" if pub else "subscribed", _qos_text(table.qos[slot])),
-                )
-                return
-            table.refs[slot] += 1
-            created = False
+        if kind == PUB:
+            if self.pubs.count[slot] >= 0:
+                c.counts_dirty = True  # a known subscriber count: this id gets it too
         else:
-            slot = table.allocate(topic, type_, qos)
-            if slot < 0:
-                self._error(
-                    c,
-                    id_,
-                    "resource_exhausted",
-                    "all %d %s topic slots are in use (--max-topics)" % (table.size, table.kind),
-                )
-                return
-            created = True
-        ids[free] = id_
-        if pub:
-            c.pub_slot[free] = slot
-            if table.count[slot] >= 0:
-                c.counts_dirty = True
-        else:
-            c.sub_slot[free] = slot
-            c.sub_reliable[free] = table.reliable[slot]
-            c.sub_refs[slot] += 1
             self._local_subs_changed(topic)
-        if created and self.ros_ready:
-            if pub:
+        if reg.holders(kind, slot) == 1 and self.ros_ready:  # a new slot: the ROS side needs it
+            if kind == PUB:
                 self.ros.advertise(slot, topic, type_, qos)
             else:
                 self.ros.subscribe(slot, topic, type_, qos)
 
-    def _on_unregister(self, c, table, msg):
+    def _on_unregister(self, c, kind, msg):
         id_ = _parse_id(msg)
-        pub = table is self.pubs
-        i = c.find_pub(id_) if pub else c.find_sub(id_)
+        i = self.registry.find(c, kind, id_)
         if i < 0:
-            self._error(c, id_, "unknown_id", "no live %s id %d on this connection" % (table.kind, id_))
+            kind_name = self.registry.table(kind).kind
+            self._error(c, id_, "unknown_id", "no live %s id %d on this connection" % (kind_name, id_))
             return
-        if pub:
-            c.pub_id[i] = -1
-            self._release_pub(c.pub_slot[i])
+        self._release(c, kind, i)
+        if kind == PUB:
             c.counts_dirty = True
-        else:
-            c.sub_id[i] = -1
-            self._release_sub(c, c.sub_slot[i])
 
-    def _release_pub(self, slot):
-        if self.pubs.release(slot):
-            if self.ros_ready:
-                self.ros.unadvertise(slot)
-            else:
-                self.pubs.stale[slot] = 1
+    def _release(self, c, kind, i):
+        """Client c gives up entry i of its `kind` ids; a slot nobody holds any more is released
+        on the ROS side now, or once it is reachable again (`stale`)."""
+        reg = self.registry
+        topic = reg.table(kind).topic[reg.slot_at(c, kind, i)]
+        slot = reg.release(c, kind, i)
+        if kind == SUB:
+            self._local_subs_changed(topic)
+        if slot < 0:
+            return
+        if not self.ros_ready:
+            reg.table(kind).stale[slot] = 1
+        elif kind == PUB:
+            self.ros.unadvertise(slot)
+        else:
+            self.ros.unsubscribe(slot)
 
     def _local_subs_changed(self, topic):
         """Publishers of `topic` see a new count: local subscribers are part of it."""
@@ -1060,21 +1133,8 @@ class Gateway:
 
     def _mark_counts(self, slot):
         for c in self.clients:
-            if c.state == S_FREE:
-                continue
-            for i in range(c.max_pubs):
-                if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                    c.counts_dirty = True
-                    break
-
-    def _release_sub(self, c, slot):
-        c.sub_refs[slot] -= 1
-        self._local_subs_changed(self.subs.topic[slot])
-        if self.subs.release(slot):
-            if self.ros_ready:
-                self.ros.unsubscribe(slot)
-            else:
-                self.subs.stale[slot] = 1
+            if c.state != S_FREE and self.registry.next_on(c, PUB, slot, 0) >= 0:
+                c.counts_dirty = True
 
     # -- output helpers --------------------------------------------------------------------------
     def _send(self, c, op, payload):
@@ -1147,69 +1207,63 @@ class Gateway:
     def ros_result(self, kind, slot, code, message):
         if code is None:
             return
-        table = self.pubs if kind == "pub" else self.subs
-        if not (0 <= slot < table.size) or not table.refs[slot]:
+        k = PUB if kind == "pub" else SUB
+        reg = self.registry
+        if not reg.holds(k, slot):
             return
-        # The ROS side refused the slot: every registration on it ends, with an ERROR to its owner.
+        # The ROS side refused the slot: every registration on it ends, with an ERROR to its
+        # owner; the last release frees the slot (the ROS side holds nothing: nothing to undo).
+        topic = reg.table(k).topic[slot]
         for c in self.clients:
             if c.state == S_FREE:
                 continue
-            if kind == "pub":
-                for i in range(c.max_pubs):
-                    if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                        self._error(c, c.pub_id[i], code, message)
-                        c.pub_id[i] = -1
-                        table.refs[slot] -= 1
-            else:
-                for j in range(c.max_subs):
-                    if c.sub_id[j] >= 0 and c.sub_slot[j] == slot:
-                        self._error(c, c.sub_id[j], code, message)
-                        c.sub_id[j] = -1
-                        c.sub_refs[slot] -= 1
-                        table.refs[slot] -= 1
-        topic = table.topic[slot]
-        table.free(slot)  # the ROS side holds nothing for it: no unadvertise needed
-        if kind == "sub":
+            i = reg.next_on(c, k, slot, 0)
+            while i >= 0:
+                self._error(c, reg.id_at(c, k, i), code, message)
+                reg.release(c, k, i)
+                i = reg.next_on(c, k, slot, i + 1)
+        if k == SUB:
             self._local_subs_changed(topic)
 
     def ros_error(self, kind, slot, code, message):
-        table = self.pubs if kind == "pub" else self.subs
-        if not (0 <= slot < table.size) or not table.refs[slot]:
+        k = PUB if kind == "pub" else SUB
+        reg = self.registry
+        if not reg.holds(k, slot):
             return
         now = self.now
         for c in self.clients:
             if c.state != S_READY:
                 continue
-            if kind == "pub":
-                if self.publishing >= 0 and c.index != self.publishing:
-                    continue
-                for i in range(c.max_pubs):
-                    if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                        if c.should_report(code, c.pub_id[i], now):
-                            self._error(c, c.pub_id[i], code, message)
-            else:
-                for j in range(c.max_subs):
-                    if c.sub_id[j] >= 0 and c.sub_slot[j] == slot:
-                        if c.should_report(code, c.sub_id[j], now):
-                            self._error(c, c.sub_id[j], code, message)
+            if k == PUB and self.publishing >= 0 and c.index != self.publishing:
+                continue  # a failed publish concerns the client that published
+            i = reg.next_on(c, k, slot, 0)
+            while i >= 0:
+                id_ = reg.id_at(c, k, i)
+                if c.should_report(code, id_, now):
+                    self._error(c, id_, code, message)
+                i = reg.next_on(c, k, slot, i + 1)
 
     def ros_message(self, slot, buf, off, n):
-        if not (0 <= slot < self.subs.size) or not self.subs.refs[slot]:
+        reg = self.registry
+        if not reg.holds(SUB, slot):
             return
         for c in self.clients:
             if c.state != S_READY or not c.sub_refs[slot]:
                 continue
-            for j in range(c.max_subs):
-                if c.sub_id[j] >= 0 and c.sub_slot[j] == slot:
-                    if c.queue.push_message(OP_MESSAGE, c.sub_id[j], buf, off, n):
-                        c.tx_frames += 1
-                        self.stats["message_out"] += 1
-                    else:
-                        c.dropped += 1
-                        self.stats["dropped_queue"] += 1
+            left = c.sub_refs[slot]  # this client's ids on the slot: stop after the last one
+            j = reg.next_on(c, SUB, slot, 0)
+            while j >= 0:
+                if c.queue.push_message(OP_MESSAGE, c.sub_id[j], buf, off, n):
+                    c.tx_frames += 1
+                    self.stats["message_out"] += 1
+                else:
+                    c.dropped += 1
+                    self.stats["dropped_queue"] += 1
+                left -= 1
+                j = reg.next_on(c, SUB, slot, j + 1) if left > 0 else -1
 
     def ros_sub_count(self, slot, count):
-        if not (0 <= slot < self.pubs.size) or not self.pubs.refs[slot]:
+        if not self.registry.holds(PUB, slot):
             return
         if self.pubs.count[slot] == count:
             return
