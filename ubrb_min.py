@@ -1342,6 +1342,9 @@ LK_BEFRAG = 5
 LK_NAK = 0x10       # ctl flag: "I miss frame <ack>"
 
 # results of LinkSession.send
+LINK_DOWN = 0  # session states: handshaking (HELLOs until the peer answers) or down
+LINK_UP = 1
+
 LK_OK = 0
 LK_TOO_LARGE = 1
 LK_FULL = 2
@@ -1528,30 +1531,54 @@ class LinkSession:
         if max_message >= 1 << 24:
             raise ValueError("max_message")
         self.handler = handler
-        self.epoch = (epoch & 0xFFFFFFFF) or 1
-        self.gw = gateway
-        self.dgram = datagram
+        # -- who we are, and the peer as its HELLO describes it ------------------------------
+        self.epoch = (epoch & 0xFFFFFFFF) or 1  # this incarnation; a new one resets the stream
+        self.is_gateway = gateway
+        self.datagram = datagram  # UDP: one frame per datagram; serial: a byte stream to resync
         self.max_frame = max_frame
         self.max_message = max_message
         self.window = max(1, min(window, LK_WMAX))
         self.max_slots = max_slots
+        self.state = LINK_DOWN
+        self.fresh = True  # the next LINK_UP is a new peer (its registrations must be re-sent)
+        self.peer_epoch = 0
+        self.seed = 0  # CRC seed of this session: both epochs, so stale frames fail the check
+        self.peer_max_frame = 0
+        self.peer_max_message = 0
+        self.peer_window = 1
+        # -- time and liveness (ms) ------------------------------------------------------------
+        self.now = 0
+        self.hello_at = 0
+        self.hello_reply = False
+        self.last_rx = 0
+        self.last_tx = 0
+        self.srtt = 0
+        self.rttvar = 0
+        self.rto = LK_RTO_INIT
+        # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
         self.rx = bytearray(0 if datagram else 2 * max_frame)  # stream mode only
-        self.asm = bytearray(max_message + LK_RHDR_MAX)   # reliable record assembly
-        self.basm = bytearray(max_message + LK_RHDR_MAX)  # best-effort reassembly
-        self.rel = bytearray(rel_bytes)             # reliable send ring (wire records)
-        self.rel_res = min(4096, rel_bytes // 4)    # reserved for control records
-        self.be = bytearray(be_bytes)               # best-effort ring (6-byte tag + record)
-        self.be_last = [-1] * (max_slots + 1)
-        self.f_off = [0] * 64
-        self.f_len = [0] * 64
-        self.f_t = [0] * 64
-        self.f_retx = bytearray(64)
-        self.hb = bytearray(LK_RHDR_MAX)
-        self.tag = bytearray(6)
-        self.h_var = self.h_slot = self.h_type = self.h_len = 0  # record header being parsed
-        # counters (plain ints: increments allocate nothing)
+        self.rx_n = 0
+        self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
+        # record header being parsed: type, slot, length (varints)
+        self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
+        # -- reliable class: a ring of wire records, go-back-N over a 64-entry frame table ------
+        self.rel = bytearray(rel_bytes)
+        self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
+        self.rel_queued = 0
+        self.frame_off = [0] * 64  # per sequence number (seq & 63): where its body is in `rel`
+        self.frame_len = [0] * 64
+        self.frame_sent_at = [0] * 64
+        self.frame_retx = bytearray(64)
+        self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
+        # -- best-effort class: newest wins per slot, big records go out in fragments -----------
+        self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
+        self.be_tag = bytearray(6)
+        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its queued record
+        self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
+        # -- counters: plain ints (increments allocate nothing); counters() reports every
+        # name of _LK_COUNTERS (as c_<name>): a new counter goes here and there
         self.c_rx_frames = self.c_tx_frames = self.c_rx_bytes = self.c_tx_bytes = 0
         self.c_crc_err = self.c_hdr_err = self.c_resync = self.c_noise = 0
         self.c_retx = self.c_timeouts = self.c_fast_retx = self.c_dup = self.c_ooo = 0
@@ -1560,46 +1587,29 @@ class LinkSession:
         self.c_frag_tx = self.c_frag_rx = self.c_frag_drop = 0
         self.c_up = self.c_down = self.c_new = self.c_hello_tx = self.c_hello_rx = 0
         self.c_proto = self.c_stale = self.c_trunc = 0
-        self.now = 0
-        self.state = 0            # 0 handshaking/down, 1 up
-        self.peer_epoch = 0
-        self.seed = 0
-        self.p_frame = 0
-        self.p_msg = 0
-        self.p_win = 1
-        self.fresh = True
-        self.hello_at = 0
-        self.hello_reply = False
-        self.last_rx = 0
-        self.last_tx = 0
-        self.srtt = 0
-        self.rttvar = 0
-        self.rto = LK_RTO_INIT
-        self.rx_n = 0
-        self.r_total = 0
         self._reset_stream()
 
     # ---- state ---------------------------------------------------------
     def _reset_stream(self):
         # a new peer incarnation: nothing of the old stream may leak into it
-        self.c_rel_reset_bytes += self.r_total
+        self.c_rel_reset_bytes += self.rel_queued
         self.una = self.nxt = self.snd = 0
-        self.r_head = self.r_total = self.r_framed = 0
-        self.r_exp = 0
+        self.rel_head = self.rel_queued = self.rel_framed = 0
+        self.rel_rx_expected = 0
         self.ack_pending = False
         self.ack_rep = 0
         self.nak_pending = False
         self.nak_for = -1
         self.nak_t = 0
-        self.gb_t = -100000
-        self.asm_n = 0
-        self.asm_need = 0
-        self.asm_h = 0
-        self.asm_t = self.asm_s = self.asm_l = 0
+        self.go_back_at = -100000
+        self.rec_have = 0
+        self.rec_need = 0
+        self.rec_header_have = 0
+        self.rec_type = self.rec_slot = self.rec_length = 0
         self.skip = 0
-        self.b_active = False
-        self.b_total = self.b_n = self.b_seq = self.b_t = 0
-        self.be_head = self.be_n = self.be_live = self.be_frag = 0
+        self.frag_active = False
+        self.frag_total = self.frag_have = self.frag_seq = self.frag_started_at = 0
+        self.be_head = self.be_n = self.be_live = self.be_sent_part = 0
         self.be_seq = 0
         self.be_hi = 255
         self.be_mask = 0
@@ -1608,11 +1618,11 @@ class LinkSession:
         self.turn = 0
 
     def is_up(self):
-        return self.state == 1
+        return self.state == LINK_UP
 
     def max_send(self):
         """Largest message send() accepts in both classes right now."""
-        m = self.p_msg
+        m = self.peer_max_message
         r = len(self.rel) - self.rel_res - LK_RHDR_MAX
         b = len(self.be) - 6 - LK_RHDR_MAX
         if r < m:
@@ -1626,7 +1636,7 @@ class LinkSession:
         for k in _LK_COUNTERS:
             d[k] = getattr(self, "c_" + k)
         d["is_up"] = self.state
-        d["rel_queued"] = self.r_total
+        d["rel_queued"] = self.rel_queued
         d["be_queued"] = self.be_n
         d["srtt_ms"] = self.srtt
         d["rto_ms"] = self.rto
@@ -1641,20 +1651,20 @@ class LinkSession:
         if n > self.max_send():
             self.c_too_large += 1
             return LK_TOO_LARGE
-        hb = self.hb
+        hb = self.rec_header
         hb[0] = t
         h = _lk_putvar(hb, 1, slot)
         h = _lk_putvar(hb, h, n)
         need = h + n
-        if n + h > self.p_frame - LK_OVH:
+        if n + h > self.peer_max_frame - LK_OVH:
             self.c_frag_tx += 1
         if reliable:
             cap = len(self.rel)
             lim = cap if control else cap - self.rel_res
-            if self.r_total + need > lim:
+            if self.rel_queued + need > lim:
                 self.c_drop_rel_full += 1
                 return LK_FULL
-            pos = self.r_head + self.r_total
+            pos = self.rel_head + self.rel_queued
             if pos >= cap:
                 pos -= cap
             _lk_ring_put(self.rel, pos, hb, 0, h)
@@ -1662,9 +1672,9 @@ class LinkSession:
             if pos >= cap:
                 pos -= cap
             _lk_ring_put(self.rel, pos, buf, off, n)
-            self.r_total += need
+            self.rel_queued += need
             return LK_OK
-        if self.state != 1:
+        if self.state != LINK_UP:
             self.c_drop_be_down += 1
             return LK_DOWN
         be = self.be
@@ -1684,7 +1694,7 @@ class LinkSession:
         if pos >= cap:
             pos -= cap
         self.be_last[key] = pos
-        tag = self.tag                    # live, key(2), record length(3)
+        tag = self.be_tag                    # live, key(2), record length(3)
         tag[0] = 1
         tag[1] = key & 0xFF
         tag[2] = key >> 8
@@ -1719,7 +1729,7 @@ class LinkSession:
         h += 6 + w
         self.be_head = h % cap
         self.be_n -= 6 + w
-        self.be_frag = 0
+        self.be_sent_part = 0
         return live
 
     def _head(self, kind, seq, n_body):
@@ -1737,7 +1747,7 @@ class LinkSession:
         b[4] = ctl
         b[5] = lk_hck(b[2], b[3], ctl)
         b[6] = seq
-        b[7] = self.r_exp
+        b[7] = self.rel_rx_expected
         return L
 
     def _seal(self, L, seed, now):
@@ -1759,10 +1769,10 @@ class LinkSession:
         b = self.tx_buf
         L = self._head(LK_HELLO, 0, 18)
         b[8] = LK_VERSION
-        b[9] = 0 if self.gw else 1
+        b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
-                         0 if self.state == 1 else 1)
+                         0 if self.state == LINK_UP else 1)
         self.hello_reply = False
         self.hello_at = now + LK_HELLO_MS
         self.c_hello_tx += 1
@@ -1771,15 +1781,15 @@ class LinkSession:
     def poll_tx(self, now):
         """Build the next frame in tx_buf; returns its length (0: nothing)."""
         self.now = now
-        if self.state != 1:
+        if self.state != LINK_UP:
             if now - self.hello_at >= 0 or self.hello_reply:
                 return self._hello(now)
             return 0
         if self.hello_reply:
             return self._hello(now)
         self._timer(now)
-        rel = self.snd != self.nxt or (self.r_total > self.r_framed and
-                                       ((self.nxt - self.una) & 255) < self.p_win)
+        rel = self.snd != self.nxt or (self.rel_queued > self.rel_framed and
+                                       ((self.nxt - self.una) & 255) < self.peer_window)
         if rel and (self.turn == 0 or self.be_live == 0):
             self.turn = 1
             return self._rel_frame(now)
@@ -1796,26 +1806,26 @@ class LinkSession:
         s = self.snd
         i = s & 63
         if s == self.nxt:                    # new frame: as much as fits
-            n = self.r_total - self.r_framed
-            m = self.p_frame - LK_OVH
+            n = self.rel_queued - self.rel_framed
+            m = self.peer_max_frame - LK_OVH
             if n > m:
                 n = m
-            pos = self.r_head + self.r_framed
+            pos = self.rel_head + self.rel_framed
             cap = len(self.rel)
             if pos >= cap:
                 pos -= cap
-            self.f_off[i] = pos
-            self.f_len[i] = n
-            self.f_retx[i] = 0
-            self.r_framed += n
+            self.frame_off[i] = pos
+            self.frame_len[i] = n
+            self.frame_retx[i] = 0
+            self.rel_framed += n
             self.nxt = (s + 1) & 255
         else:                                # go-back-N: same boundaries as before
-            self.f_retx[i] = 1
+            self.frame_retx[i] = 1
             self.c_retx += 1
-            n = self.f_len[i]
+            n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
-        _lk_ring_get(self.tx_buf, LK_HDR, self.rel, self.f_off[i], n)
-        self.f_t[i] = now
+        _lk_ring_get(self.tx_buf, LK_HDR, self.rel, self.frame_off[i], n)
+        self.frame_sent_at[i] = now
         self.snd = (s + 1) & 255
         return self._seal(L, self.seed, now)
 
@@ -1823,7 +1833,7 @@ class LinkSession:
         be = self.be
         cap = len(be)
         tx = self.tx_buf
-        m = self.p_frame - LK_OVH
+        m = self.peer_max_frame - LK_OVH
         q = LK_HDR
         kind = LK_BE
         while self.be_n > 0:
@@ -1832,22 +1842,22 @@ class LinkSession:
             if not be[h]:
                 self._be_pop()
                 continue
-            if self.be_frag > 0 or w > m:
+            if self.be_sent_part > 0 or w > m:
                 if q > LK_HDR:
                     break
-                if self.be_frag == 0:        # started: no longer replaceable
+                if self.be_sent_part == 0:        # started: no longer replaceable
                     key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
                     if self.be_last[key] == h:
                         self.be_last[key] = -1
                 q = _lk_putvar(tx, q, w)
-                q = _lk_putvar(tx, q, self.be_frag)
-                k = w - self.be_frag
+                q = _lk_putvar(tx, q, self.be_sent_part)
+                k = w - self.be_sent_part
                 if k > m - (q - LK_HDR):
                     k = m - (q - LK_HDR)
-                _lk_ring_get(tx, q, be, (h + 6 + self.be_frag) % cap, k)
+                _lk_ring_get(tx, q, be, (h + 6 + self.be_sent_part) % cap, k)
                 q += k
-                self.be_frag += k
-                if self.be_frag == w:
+                self.be_sent_part += k
+                if self.be_sent_part == w:
                     self._be_pop()
                 kind = LK_BEFRAG
                 self.c_frag_tx += 1
@@ -1867,23 +1877,23 @@ class LinkSession:
     def _timer(self, now):
         # retransmission timeout on the oldest unacked frame -> go back N
         if self.nxt != self.una and self.snd != self.una:
-            if now - self.f_t[self.una & 63] >= self.rto:
+            if now - self.frame_sent_at[self.una & 63] >= self.rto:
                 self.snd = self.una
                 self.c_timeouts += 1
                 self.rto = min(self.rto * 2, LK_RTO_MAX)
 
     def tick(self, now):
         self.now = now
-        if self.state == 1:
+        if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
-                self.state = 0
+                self.state = LINK_DOWN
                 self.c_down += 1
                 self.hello_at = now
                 self.handler.link_down()
             else:
                 self._timer(now)
-        if self.b_active and now - self.b_t >= LK_FRAG_MS:
-            self.b_active = False
+        if self.frag_active and now - self.frag_started_at >= LK_FRAG_MS:
+            self.frag_active = False
             self.c_frag_drop += 1
 
     def rebase(self, d):
@@ -1895,9 +1905,9 @@ class LinkSession:
         if self.ack_rep:  # 0 means "no repeat scheduled"
             self.ack_rep -= d
         self.nak_t -= d
-        self.gb_t -= d
-        self.b_t -= d
-        t = self.f_t
+        self.go_back_at -= d
+        self.frag_started_at -= d
+        t = self.frame_sent_at
         for i in range(len(t)):
             t[i] -= d
 
@@ -1907,7 +1917,7 @@ class LinkSession:
         self.now = now
         self.c_rx_bytes += n
         end = off + n
-        if self.dgram:
+        if self.datagram:
             p = self._parse(buf, off, end)
             if p < end:
                 self.c_trunc += 1
@@ -1973,7 +1983,7 @@ class LinkSession:
         if kind == LK_HELLO:
             self._on_hello(b, p + LK_HDR, L - LK_OVH, now)
             return
-        if self.state != 1:
+        if self.state != LINK_UP:
             self.c_stale += 1
             return
         self.last_rx = now
@@ -1981,17 +1991,17 @@ class LinkSession:
         seq = b[p + 6]
         end = p + L - 4
         if kind == LK_REL:
-            d = (seq - self.r_exp) & 255
+            d = (seq - self.rel_rx_expected) & 255
             if d == 0:
-                self.r_exp = (self.r_exp + 1) & 255
+                self.rel_rx_expected = (self.rel_rx_expected + 1) & 255
                 self.ack_pending = True
                 self.nak_for = -1
                 self._rel_body(b, p + LK_HDR, end)
             elif d < 128:
                 self.c_ooo += 1
-                if self.nak_for != self.r_exp or now - self.nak_t >= LK_ACK_REP_MS:
+                if self.nak_for != self.rel_rx_expected or now - self.nak_t >= LK_ACK_REP_MS:
                     self.nak_pending = True
-                    self.nak_for = self.r_exp
+                    self.nak_for = self.rel_rx_expected
                     self.nak_t = now
             else:
                 self.c_dup += 1
@@ -2030,40 +2040,40 @@ class LinkSession:
         return False
 
     def _on_hello(self, b, p, n, now):
-        if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.gw else 1):
+        if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
             self.c_proto += 1       # other version, or two ends of the same role
             return
         pe, ye, pf, pm, pw, need = struct.unpack_from("<IIHIBB", b, p + 2)
         self.c_hello_rx += 1
         if pe != self.peer_epoch:
             # the peer is a new incarnation: the old session is gone for good
-            if self.state == 1:
-                self.state = 0
+            if self.state == LINK_UP:
+                self.state = LINK_DOWN
                 self.c_down += 1
                 self.handler.link_down()
             self._reset_stream()
             self.peer_epoch = pe
             self.fresh = True
             self.c_new += 1
-            if self.gw:
+            if self.is_gateway:
                 self.seed = (self.epoch * 31 + pe) & 0x3FFFFFFF
             else:
                 self.seed = (pe * 31 + self.epoch) & 0x3FFFFFFF
-        self.p_frame = min(pf, self.max_frame)
-        self.p_msg = pm
-        self.p_win = max(1, min(pw, LK_WMAX))
+        self.peer_max_frame = min(pf, self.max_frame)
+        self.peer_max_message = pm
+        self.peer_window = max(1, min(pw, LK_WMAX))
         self.last_rx = now
         if ye != self.epoch:
-            if self.state == 1:
-                self.state = 0
+            if self.state == LINK_UP:
+                self.state = LINK_DOWN
                 self.c_down += 1
                 self.handler.link_down()
             self.hello_reply = True
             return
         if need:
             self.hello_reply = True
-        if self.state != 1:
-            self.state = 1
+        if self.state != LINK_UP:
+            self.state = LINK_UP
             self.c_up += 1
             self.snd = self.una        # resume: resend whatever was unacked
             self.nak_for = -1
@@ -2080,25 +2090,25 @@ class LinkSession:
             last = -1
             while una != a:
                 i = una & 63
-                L = self.f_len[i]
-                h = self.r_head + L
+                L = self.frame_len[i]
+                h = self.rel_head + L
                 if h >= cap:
                     h -= cap
-                self.r_head = h
-                self.r_total -= L
-                self.r_framed -= L
-                last = i if not self.f_retx[i] else -1
+                self.rel_head = h
+                self.rel_queued -= L
+                self.rel_framed -= L
+                last = i if not self.frame_retx[i] else -1
                 una = (una + 1) & 255
             if ((self.snd - self.una) & 255) < k:
                 self.snd = a
             self.una = a
             if last >= 0:
-                self._rtt(now - self.f_t[last])
+                self._rtt(now - self.frame_sent_at[last])
             inflight -= k
         if nak and inflight and self.snd != una:
             # the peer saw a gap at `una`: go back now rather than at RTO
-            if now - self.gb_t >= (self.srtt if self.srtt > 10 else 10):
-                self.gb_t = now
+            if now - self.go_back_at >= (self.srtt if self.srtt > 10 else 10):
+                self.go_back_at = now
                 self.snd = una
                 self.c_fast_retx += 1
 
@@ -2119,7 +2129,7 @@ class LinkSession:
         self.rto = LK_RTO_MIN if r < LK_RTO_MIN else (LK_RTO_MAX if r > LK_RTO_MAX else r)
 
     def _varint(self, b, q, end, max_shift):
-        # LEB128 at b[q:end] into self.h_var; the offset after it, 0 if incomplete, -1 if too long
+        # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
         v = 0
         sh = 0
         while True:
@@ -2129,7 +2139,7 @@ class LinkSession:
             q += 1
             v |= (c & 0x7F) << sh
             if c < 0x80:
-                self.h_var = v
+                self.hdr_var = v
                 return q
             sh += 7
             if sh > max_shift:
@@ -2142,12 +2152,12 @@ class LinkSession:
         q = self._varint(b, p + 1, end, 14)
         if q <= 0:
             return q
-        self.h_slot = self.h_var
+        self.hdr_slot = self.hdr_var
         q = self._varint(b, q, end, 21)
         if q <= 0:
             return q
-        self.h_type = b[p]
-        self.h_len = self.h_var
+        self.hdr_type = b[p]
+        self.hdr_len = self.hdr_var
         return q - p
 
     def _rel_body(self, b, p, end):
@@ -2160,114 +2170,114 @@ class LinkSession:
                 self.skip -= k
                 p += k
                 continue
-            if self.asm_n == 0:
+            if self.rec_have == 0:
                 h = self._hdr(b, p, end)
                 if h > 0:
-                    if self.h_len > self.max_message:
+                    if self.hdr_len > self.max_message:
                         self.c_proto += 1
-                        self.skip = h + self.h_len
+                        self.skip = h + self.hdr_len
                         continue
-                    if p + h + self.h_len <= end:   # whole record here: no copy
+                    if p + h + self.hdr_len <= end:   # whole record here: no copy
                         p += h
-                        self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, True)
-                        p += self.h_len
+                        self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, True)
+                        p += self.hdr_len
                         continue
-                    self.asm_t = self.h_type
-                    self.asm_s = self.h_slot
-                    self.asm_l = self.h_len
-                    self.asm_h = h
-                    self.asm_need = h + self.h_len
+                    self.rec_type = self.hdr_type
+                    self.rec_slot = self.hdr_slot
+                    self.rec_length = self.hdr_len
+                    self.rec_header_have = h
+                    self.rec_need = h + self.hdr_len
                 elif h < 0:
                     self.c_proto += 1
                     return
                 else:
-                    self.asm_need = 0
-            if self.asm_need == 0:                 # header itself is split
-                self.asm[self.asm_n] = b[p]
-                self.asm_n += 1
+                    self.rec_need = 0
+            if self.rec_need == 0:                 # header itself is split
+                self.rec_buf[self.rec_have] = b[p]
+                self.rec_have += 1
                 p += 1
-                h = self._hdr(self.asm, 0, self.asm_n)
-                if h < 0 or (h == 0 and self.asm_n >= LK_RHDR_MAX):
+                h = self._hdr(self.rec_buf, 0, self.rec_have)
+                if h < 0 or (h == 0 and self.rec_have >= LK_RHDR_MAX):
                     self.c_proto += 1
-                    self.asm_n = 0
+                    self.rec_have = 0
                     return
                 if h > 0:
-                    if self.h_len > self.max_message:
+                    if self.hdr_len > self.max_message:
                         self.c_proto += 1
-                        self.asm_n = 0
-                        self.skip = self.h_len
+                        self.rec_have = 0
+                        self.skip = self.hdr_len
                         continue
-                    self.asm_t = self.h_type
-                    self.asm_s = self.h_slot
-                    self.asm_l = self.h_len
-                    self.asm_h = h
-                    self.asm_need = h + self.h_len
+                    self.rec_type = self.hdr_type
+                    self.rec_slot = self.hdr_slot
+                    self.rec_length = self.hdr_len
+                    self.rec_header_have = h
+                    self.rec_need = h + self.hdr_len
             else:
-                k = self.asm_need - self.asm_n
+                k = self.rec_need - self.rec_have
                 if k > end - p:
                     k = end - p
-                copy_into(self.asm, self.asm_n, b, p, k)
-                self.asm_n += k
+                copy_into(self.rec_buf, self.rec_have, b, p, k)
+                self.rec_have += k
                 p += k
-            if self.asm_need and self.asm_n == self.asm_need:
-                self.asm_n = 0
-                self.asm_need = 0
+            if self.rec_need and self.rec_have == self.rec_need:
+                self.rec_have = 0
+                self.rec_need = 0
                 self.c_frag_rx += 1
-                self.handler.link_message(self.asm_t, self.asm_s, self.asm, self.asm_h, self.asm_l, True)
+                self.handler.link_message(self.rec_type, self.rec_slot, self.rec_buf, self.rec_header_have, self.rec_length, True)
 
     def _be_body(self, b, p, end):
         while p < end:
             h = self._hdr(b, p, end)
-            if h <= 0 or p + h + self.h_len > end:
+            if h <= 0 or p + h + self.hdr_len > end:
                 self.c_proto += 1
                 return
             p += h
-            self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, False)
-            p += self.h_len
+            self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, False)
+            p += self.hdr_len
 
     def _be_frag(self, b, p, end, seq, now):
-        if self.b_active and seq == self.b_seq:
+        if self.frag_active and seq == self.frag_seq:
             self.c_dup += 1
             return
         p = self._varint(b, p, end, 21)  # a fragment is whole: incomplete is malformed too
         if p <= 0:
             self.c_proto += 1
             return
-        tot = self.h_var
+        tot = self.hdr_var
         p = self._varint(b, p, end, 21)
         if p <= 0:
             self.c_proto += 1
             return
-        o = self.h_var
+        o = self.hdr_var
         k = end - p
         if o == 0:
-            if self.b_active:
+            if self.frag_active:
                 self.c_frag_drop += 1
-            if tot > len(self.basm):
+            if tot > len(self.frag_buf):
                 self.c_proto += 1
-                self.b_active = False
+                self.frag_active = False
                 return
-            self.b_active = True
-            self.b_total = tot
-            self.b_n = 0
-            self.b_t = now
-        elif not self.b_active or o != self.b_n or tot != self.b_total or \
-                seq != ((self.b_seq + 1) & 255):
-            if self.b_active:
+            self.frag_active = True
+            self.frag_total = tot
+            self.frag_have = 0
+            self.frag_started_at = now
+        elif not self.frag_active or o != self.frag_have or tot != self.frag_total or \
+                seq != ((self.frag_seq + 1) & 255):
+            if self.frag_active:
                 self.c_frag_drop += 1    # a fragment was lost: the message is gone
-                self.b_active = False
+                self.frag_active = False
             return
-        if self.b_n + k > self.b_total:
+        if self.frag_have + k > self.frag_total:
             self.c_proto += 1
-            self.b_active = False
+            self.frag_active = False
             return
-        copy_into(self.basm, self.b_n, b, p, k)
-        self.b_n += k
-        self.b_seq = seq
+        copy_into(self.frag_buf, self.frag_have, b, p, k)
+        self.frag_have += k
+        self.frag_seq = seq
         self.c_frag_rx += 1
-        if self.b_n == self.b_total:
-            self.b_active = False
-            self._be_body(self.basm, 0, self.b_total)
+        if self.frag_have == self.frag_total:
+            self.frag_active = False
+            self._be_body(self.frag_buf, 0, self.frag_total)
 
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------

@@ -328,7 +328,7 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
         step()
     assert ("publish", 0, b"\x00\x01\x00\x00after", True) in rig.comp.ros.calls
     s = rig.ros.s
-    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.nak_t, s.b_t) + tuple(s.f_t):
+    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.nak_t, s.frag_started_at) + tuple(s.frame_sent_at):
         assert t < G.REBASE_AT
     for cl in rig.gw.clients:
         assert cl.accepted_ms < G.REBASE_AT and cl.last_rx_ms < G.REBASE_AT
