@@ -859,14 +859,20 @@ class Gateway:
             self.log(level, msg)
 
     # -- port-facing -------------------------------------------------------------------------
-    def accept(self, now):
+    def accept(self, now, peer=None):
+        """A new connection (from `peer`, for the log): its client index, or -1 when every
+        session is taken (send reject_frame(), then close it)."""
         self.now = now
         for c in self.clients:
             if c.state == S_FREE:
                 c.open(now)
                 self.stats["clients_accepted"] += 1
+                if peer is not None:
+                    self._log("info", "client %d connected from %s" % (c.index, peer))
                 return c.index
         self.stats["clients_rejected"] += 1
+        if peer is not None:
+            self._log("warning", "refusing %s: too many clients" % (peer,))
         return -1
 
     def reject_frame(self):
@@ -1509,6 +1515,64 @@ def pace_credit(credit, elapsed_ms, bytes_per_s):
     credit += elapsed_ms * bytes_per_s
     cap = LINK_PACE_MS * bytes_per_s
     return credit if credit < cap else cap
+
+
+class LinkOutput:
+    """What a port's link driver writes next, and when: the frame in progress
+    (session.tx_buf[off:off + n]) and the serial pacing credit. Both ports' drivers flush with
+
+        out.start(now)
+        n = out.next(now)              # bytes to write now; 0: nothing, or pacing says wait
+        while n:
+            k = transport.write(session.tx_buf, out.off, n)
+            if not out.wrote(k):       # partial or refused write: try again on the next flush
+                break
+            n = out.next(now)
+
+    (bounded by a count), so each keeps only its write call and its error handling."""
+
+    def __init__(self, session, bytes_per_s):
+        self.s = session
+        self.pace = bytes_per_s  # 0: unpaced (UDP)
+        self.credit = 0  # milli-bytes, see pace_credit
+        self.last = -1  # time of the last start(), -1 before the first
+        self.off = 0
+        self.n = 0  # bytes of the current frame not yet written
+
+    def start(self, now):
+        if self.pace:
+            if self.last >= 0:
+                self.credit = pace_credit(self.credit, now - self.last, self.pace)
+            self.last = now
+
+    def next(self, now):
+        if self.n == 0:
+            if self.pace and self.credit <= 0:
+                return 0
+            n = self.s.poll_tx(now)
+            if n == 0:
+                return 0
+            self.off = 0
+            self.n = n
+        return self.n
+
+    def wrote(self, k):
+        """`k` bytes of the frame went out; True when the frame is done and the next may follow."""
+        if k <= 0:
+            return False
+        self.off += k
+        self.n -= k
+        if self.pace:
+            self.credit -= k * 1000
+        return self.n == 0
+
+    def drop(self):
+        """The device is gone with a half-written frame: the peer resyncs, we start afresh."""
+        self.n = 0
+
+    def rebase(self, d):
+        if self.last >= 0:
+            self.last -= d
 
 
 _LK_COUNTERS = (

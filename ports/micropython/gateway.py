@@ -293,19 +293,20 @@ class GatewayLoop:
                     s.setsockopt(self.ipproto_tcp, self.nodelay, 1)
                 except OSError:
                     pass
-            ci = self.gw.accept(now)
-            if ci < 0:
-                self.log("warning", "refusing %s: too many clients" % (r[1],))
-                try:
-                    s.write(self.gw.reject_frame())
-                except OSError:
-                    pass
-                s.close()
-                continue
-            self.log("info", "client %d connected from %s" % (ci, r[1]))
-            self.socks[ci] = s
-            self.mask[ci] = self.POLLIN
-            self.poll.register(s, self.POLLIN)
+            ci = self.gw.accept(now, r[1])  # the core logs who came and who was refused
+            if ci >= 0:
+                self.socks[ci] = s
+                self.mask[ci] = self.POLLIN
+                self.poll.register(s, self.POLLIN)
+            else:
+                self._refuse(s)
+
+    def _refuse(self, s):
+        try:  # best effort: the ERROR too_many_clients, then the close
+            s.write(self.gw.reject_frame())
+        except OSError:
+            pass
+        s.close()
 
     def _read(self, ci, now):
         s = self.socks[ci]

@@ -2,8 +2,9 @@
 # moves bytes between a transport and the sans-IO LinkSession of ubrb_min.
 #
 # The counterpart of ports/cpython/ubrb_host/link.py, gateway end only. The link grammar, the
-# session's buffer sizes and the pacing arithmetic are the core's (ubrb_min.parse_link_url,
-# link_sizes, pace_credit), shared with the CPython runtime; this file keeps the I/O calls.
+# session's buffer sizes, and what to write next with the pacing are the core's
+# (ubrb_min.parse_link_url, link_sizes, LinkOutput), shared with the CPython runtime; this file
+# keeps the I/O calls.
 #
 #   --link udp://HOST:PORT   a UDP socket *connected* to the companion at HOST:PORT (from an
 #                            ephemeral local port). connect() makes the IP stack drop datagrams
@@ -165,16 +166,11 @@ class LinkDriver:
         self.polled = False  # set by the loop when the stream cannot be registered with poll
         if pace_bps < 0:
             pace_bps = 0 if transport.datagram else transport.baud // 10
-        self.pace = pace_bps  # bytes per second; 0: unpaced
-        self.credit = 0  # milli-bytes, see ubrb_min.pace_credit
-        self.last_flush = -1
+        self.out = L.LinkOutput(session, pace_bps)  # the frame in progress and the pacing
         self.rbuf = None if transport.datagram else bytearray(512)
-        self.tx_off = 0
-        self.tx_n = 0
 
     def rebase(self, d):
-        if self.last_flush >= 0:
-            self.last_flush -= d
+        self.out.rebase(d)
 
     def on_readable(self, now):
         t = self.t
@@ -195,35 +191,19 @@ class LinkDriver:
 
     def flush(self, now):
         t = self.t
-        s = self.s
-        if self.pace:
-            if self.last_flush >= 0:
-                self.credit = L.pace_credit(self.credit, now - self.last_flush, self.pace)
-            self.last_flush = now
+        buf = self.s.tx_buf
+        out = self.out
+        out.start(now)
         for _ in range(64):
-            if self.tx_n == 0:
-                if self.pace and self.credit <= 0:
-                    return
-                n = s.poll_tx(now)
-                if n == 0:
-                    return
-                self.tx_off = 0
-                self.tx_n = n
-            k = t.write(s.tx_buf, self.tx_off, self.tx_n)
-            if k <= 0:
-                return
-            self.tx_off += k
-            self.tx_n -= k
-            if self.pace:
-                self.credit -= k * 1000
-            if self.tx_n:
+            n = out.next(now)
+            if n == 0 or not out.wrote(t.write(buf, out.off, n)):
                 return
 
     def tick(self, now):
         self.s.tick(now)
 
     def wants_write(self):
-        return self.tx_n > 0
+        return self.out.n > 0
 
     def counters(self):
         d = self.s.counters()

@@ -200,12 +200,8 @@ class LinkDriver:
         # or USB buffer whose drain time would inflate the RTT and the staleness of data.
         if pace_bps < 0:
             pace_bps = 0 if transport.datagram else getattr(transport, "baud", 0) // 10
-        self.pace = pace_bps  # bytes per second; 0: unpaced
-        self.credit = 0  # milli-bytes, see ubrb_min.pace_credit
-        self.last_flush = -1
+        self.out = L.LinkOutput(session, pace_bps)
         self.rbuf = bytearray(65536 if transport.datagram else 4096)
-        self.tx_off = 0
-        self.tx_n = 0
         self.broken = not transport.datagram and transport.ser is None
         self.retry_at = 0
         self.c_reopen = 0
@@ -221,7 +217,7 @@ class LinkDriver:
         self.t.close()
         self.broken = True
         self.retry_at = now + REOPEN_MS
-        self.tx_n = 0  # a half-written frame is lost with the device; the peer resyncs
+        self.out.drop()
 
     def on_readable(self, now: int) -> None:
         if self.broken:
@@ -251,31 +247,20 @@ class LinkDriver:
     def flush(self, now: int) -> None:
         if self.broken:
             return
-        t, s = self.t, self.s
-        if self.pace:
-            if self.last_flush >= 0:
-                self.credit = L.pace_credit(self.credit, now - self.last_flush, self.pace)
-            self.last_flush = now
+        t, s, out = self.t, self.s, self.out
+        out.start(now)
         for _ in range(256):
-            if self.tx_n == 0:
-                if not t.can_write() or (self.pace and self.credit <= 0):
-                    return
-                n = s.poll_tx(now)
-                if n == 0:
-                    return
-                self.tx_off, self.tx_n = 0, n
+            if out.n == 0 and not t.can_write():
+                return
+            n = out.next(now)
+            if n == 0:
+                return
             try:
-                k = t.write(s.tx_buf, self.tx_off, self.tx_n)
+                k = t.write(s.tx_buf, out.off, n)
             except Exception as e:
                 self._lost(now, e)
                 return
-            if k <= 0:
-                return
-            self.tx_off += k
-            self.tx_n -= k
-            if self.pace:
-                self.credit -= k * 1000
-            if self.tx_n:
+            if not out.wrote(k):
                 return
 
     def tick(self, now: int) -> None:
@@ -292,7 +277,7 @@ class LinkDriver:
             log.info("link: %s reopened", getattr(self.t, "path", "?"))
 
     def wants_write(self) -> bool:
-        return self.tx_n > 0
+        return self.out.n > 0
 
     def counters(self) -> Dict[str, int]:
         d: Dict[str, int] = self.s.counters()

@@ -126,18 +126,19 @@ class GatewayServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ci = self.gw.accept(now)
-            if ci < 0:
-                log.warning("refusing %s: too many clients", addr)
-                try:
-                    sock.send(self.gw.reject_frame())
-                except OSError:
-                    pass
-                sock.close()
-                continue
-            log.info("client %d connected from %s", ci, addr)
-            self.socks[ci] = sock
-            self.sel.register(sock, selectors.EVENT_READ, ("client", ci))
+            ci = self.gw.accept(now, addr)  # the core logs who came and who was refused
+            if ci >= 0:
+                self.socks[ci] = sock
+                self.sel.register(sock, selectors.EVENT_READ, ("client", ci))
+            else:
+                self._refuse(sock)
+
+    def _refuse(self, sock: socket.socket) -> None:
+        try:  # best effort: the ERROR too_many_clients, then the close
+            sock.send(self.gw.reject_frame())
+        except OSError:
+            pass
+        sock.close()
 
     def _read(self, ci: int, now: int) -> None:
         sock = self.socks[ci]
