@@ -109,7 +109,7 @@ def test_serial_fast_producer_bounded(rig: Any) -> None:
     assert before is not None
     growth = sum(
         s.size_diff for s in after.compare_to(before, "filename")
-        if "ubrb_min" in str(s.traceback) or "link_transport" in str(s.traceback)
+        if "ubrb_min" in str(s.traceback) or "ubrb_host" in str(s.traceback)
     )
     assert growth < 64 * 1024
     s = g.s
