@@ -576,6 +576,17 @@ class Refused(Exception):
         self.message = message
 
 
+def next_held(ids, slots, slot, i):
+    """The sweep behind Registry.next_on: the first index >= i of a live id (>= 0) whose slot is
+    `slot`, or -1. A plain function so the relay path (Gateway.ros_message) calls it directly."""
+    n = len(ids)
+    while i < n:
+        if ids[i] >= 0 and slots[i] == slot:
+            return i
+        i += 1
+    return -1
+
+
 class Registry:
     """Who holds which topic: one SlotTable per kind (`pubs`, `subs`) and every client's id tables.
 
@@ -608,17 +619,8 @@ class Registry:
     def next_on(self, c, kind, slot, i):
         """The first index >= i of a live `kind` id of client c on `slot`, or -1."""
         if kind == PUB:
-            ids = c.pub_id
-            slots = c.pub_slot
-        else:
-            ids = c.sub_id
-            slots = c.sub_slot
-        n = len(ids)
-        while i < n:
-            if ids[i] >= 0 and slots[i] == slot:
-                return i
-            i += 1
-        return -1
+            return next_held(c.pub_id, c.pub_slot, slot, i)
+        return next_held(c.sub_id, c.sub_slot, slot, i)
 
     def register(self, c, kind, id_, topic, type_, qos):
         """Give client c's new `kind` id `id_` a slot for `topic`; returns the slot. Raises
@@ -1250,23 +1252,23 @@ class Gateway:
                 i = reg.next_on(c, k, slot, i + 1)
 
     def ros_message(self, slot, buf, off, n):
-        reg = self.registry
-        if not reg.holds(SUB, slot):
+        if not self.registry.holds(SUB, slot):
             return
         for c in self.clients:
             if c.state != S_READY or not c.sub_refs[slot]:
                 continue
+            ids = c.sub_id
             left = c.sub_refs[slot]  # this client's ids on the slot: stop after the last one
-            j = reg.next_on(c, SUB, slot, 0)
+            j = next_held(ids, c.sub_slot, slot, 0)
             while j >= 0:
-                if c.queue.push_message(OP_MESSAGE, c.sub_id[j], buf, off, n):
+                if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n):
                     c.tx_frames += 1
                     self.stats["message_out"] += 1
                 else:
                     c.dropped += 1
                     self.stats["dropped_queue"] += 1
                 left -= 1
-                j = reg.next_on(c, SUB, slot, j + 1) if left > 0 else -1
+                j = next_held(ids, c.sub_slot, slot, j + 1) if left > 0 else -1
 
     def ros_sub_count(self, slot, count):
         if not self.registry.holds(PUB, slot):
