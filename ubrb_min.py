@@ -95,6 +95,9 @@ S_OPEN = 1  # accepted, no HELLO yet
 S_READY = 2  # HELLO received
 S_CLOSING = 3  # flush what is queued, then the port closes the socket
 
+WANT_READ = 1  # Gateway.interest(ci): what a port waits for on a client socket
+WANT_WRITE = 2
+
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
@@ -890,6 +893,19 @@ class Gateway:
 
     def wants_close(self, ci):
         return self.clients[ci].state == S_CLOSING
+
+    def interest(self, ci):
+        """What the port waits for on client ci's socket: WANT_READ and/or WANT_WRITE. A closing
+        client is not read any more; it is watched for writing until its queue is flushed."""
+        c = self.clients[ci]
+        if c.state == S_CLOSING:
+            return WANT_WRITE
+        return WANT_READ | WANT_WRITE if c.queue.pending() else WANT_READ
+
+    def flushed_close(self, ci):
+        """True when client ci is closing and everything queued for it is sent: close it now."""
+        c = self.clients[ci]
+        return c.state == S_CLOSING and c.queue.pending() == 0
 
     def close_overdue(self, ci, now):
         """A closing client whose last frames (its ERROR) were not read within 2 s: the port

@@ -351,15 +351,13 @@ class GatewayLoop:
             q.sent(k)
             if k < n:
                 break
-        if q.pending() == 0 and self.gw.wants_close(ci):
+        if self.gw.flushed_close(ci):
             self._drop(ci, self.gw.clients[ci].close_reason)
 
     def _sync(self, ci):
-        m = 0 if self.gw.wants_close(ci) else self.POLLIN
-        if self.gw.clients[ci].queue.pending():
-            m |= self.POLLOUT
-        if m == 0:
-            m = self.POLLOUT  # still flushing before close
+        want = self.gw.interest(ci)
+        m = (self.POLLIN if want & core.WANT_READ else 0) | (
+            self.POLLOUT if want & core.WANT_WRITE else 0)
         if m != self.mask[ci]:
             self.mask[ci] = m
             self.poll.modify(self.socks[ci], m)

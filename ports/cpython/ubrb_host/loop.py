@@ -178,20 +178,16 @@ class GatewayServer:
                 self._drop(ci, f"write error: {e}")
                 return
             q.sent(n)
-        if not q.pending() and self.gw.wants_close(ci):
+        if self.gw.flushed_close(ci):
             self._drop(ci, self.gw.clients[ci].close_reason)
 
     def _sync_client(self, ci: int) -> None:
         sock = self.socks[ci]
         assert sock is not None
-        events = selectors.EVENT_READ
-        if self.gw.wants_close(ci):
-            events = 0
-        if self.gw.clients[ci].queue.pending():
-            events |= selectors.EVENT_WRITE
+        want = self.gw.interest(ci)
+        events = (selectors.EVENT_READ if want & core.WANT_READ else 0) | (
+            selectors.EVENT_WRITE if want & core.WANT_WRITE else 0)
         key = self.sel.get_key(sock)
-        if events == 0:
-            events = selectors.EVENT_WRITE  # still flushing before close
         if key.events != events:
             self.sel.modify(sock, events, key.data)
 
