@@ -634,3 +634,10 @@ def load_port():
     from ports.micropython import gateway, link
 
     return gateway, link
+
+
+def load_loop():
+    """The loop module of ports/micropython (GatewayLoop, IO, Clock, Log)."""
+    from ports.micropython import loop
+
+    return loop
