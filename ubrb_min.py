@@ -25,15 +25,20 @@ import struct
 # register `__main__` in sys.modules), no second set of classes or buffers.
 # ---------------------------------------------------------------------------------------------
 def _launch():
-    if sys.implementation.name == "micropython":
-        from ports.micropython.gateway import main
-    else:
-        import os
+    try:
+        if sys.implementation.name == "micropython":
+            from ports.micropython.gateway import main
+        else:
+            import os
 
-        # The shared CPython runtime (ubrb_host) lives in ports/cpython/ in the source tree.
-        here = os.path.dirname(os.path.abspath(__file__))
-        sys.path.insert(1, os.path.join(here, "ports", "cpython"))
-        from ports.cpython.gateway import main  # type: ignore[assignment]
+            # The shared CPython runtime (ubrb_host) lives in ports/cpython/ in the source tree.
+            here = os.path.dirname(os.path.abspath(__file__))
+            sys.path.insert(1, os.path.join(here, "ports", "cpython"))
+            from ports.cpython.gateway import main  # type: ignore[assignment]
+    except ImportError as e:
+        print("ubrb_min.py: no gateway port next to this file (%s): run it from the source tree, "
+              "or use `python -m ros_side --listen` for the in-process gateway" % e, file=sys.stderr)
+        sys.exit(2)
     sys.exit(main(sys.argv[1:]))
 
 
