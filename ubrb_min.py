@@ -24,25 +24,26 @@ import struct
 # once, as `ubrb_min`, on both runtimes - no sys.modules aliasing (MicroPython does not even
 # register `__main__` in sys.modules), no second set of classes or buffers.
 # ---------------------------------------------------------------------------------------------
-def _launch():
-    try:
-        if sys.implementation.name == "micropython":
-            from ports.micropython.gateway import main
-        else:
-            import os
+if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
 
-            # The shared CPython runtime (ubrb_host) lives in ports/cpython/ in the source tree.
-            here = os.path.dirname(os.path.abspath(__file__))
-            sys.path.insert(1, os.path.join(here, "ports", "cpython"))
-            from ports.cpython.gateway import main  # type: ignore[assignment]
-    except ImportError as e:
-        print("ubrb_min.py: no gateway port next to this file (%s): run it from the source tree, "
-              "or use `python -m ros_side --listen` for the in-process gateway" % e, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(sys.argv[1:]))
+    def _launch():
+        try:
+            if sys.implementation.name == "micropython":
+                from ports.micropython.gateway import main
+            else:
+                import os
 
+                # the shared CPython runtime (ubrb_host) is in ports/cpython/ in the source tree
+                here = os.path.dirname(os.path.abspath(__file__))
+                sys.path.insert(1, os.path.join(here, "ports", "cpython"))
+                from ports.cpython.gateway import main  # type: ignore[assignment]
+        except ImportError as e:
+            print("ubrb_min.py: no gateway port next to this file (%s): run it from the source "
+                  "tree, or use `python -m ros_side --listen` for the in-process gateway" % e,
+                  file=sys.stderr)
+            sys.exit(2)
+        sys.exit(main(sys.argv[1:]))
 
-if __name__ == "__main__":
     _launch()
 
 
