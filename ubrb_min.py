@@ -148,7 +148,7 @@ PROFILES = {
         "control_reserve": 1 * MIB,
     },
 }
-# Every limit of a profile, with the sentence both ports' --help show for its flag (--max-clients...).
+# Every limit of a profile, with the sentence both ports' --help show for its flag.
 LIMITS = (
     ("max_clients", "UBRB client connections served at once"),
     ("max_pubs", "publisher ids per client"),
@@ -840,7 +840,8 @@ class Gateway:
         self.p = profile
         self.server = server
         self.log = log  # callable(level, message) or None
-        self.clients = [ClientSession(i, profile, new_buffer) for i in range(profile["max_clients"])]
+        n = profile["max_clients"]
+        self.clients = [ClientSession(i, profile, new_buffer) for i in range(n)]
         self.registry = Registry(profile["max_topics"])
         self.pubs = self.registry.pubs  # the slot tables, for reading: the registry edits them
         self.subs = self.registry.subs
@@ -1132,7 +1133,8 @@ class Gateway:
         i = self.registry.find(c, kind, id_)
         if i < 0:
             kind_name = self.registry.table(kind).kind
-            self._error(c, id_, "unknown_id", "no live %s id %d on this connection" % (kind_name, id_))
+            self._error(c, id_, "unknown_id",
+                        "no live %s id %d on this connection" % (kind_name, id_))
             return
         self._release(c, kind, i)
         if kind == PUB:
@@ -1490,7 +1492,8 @@ def parse_link_url(url):
             if not sep:
                 host, port = rest, ""
         if not host:
-            raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d" % LINK_DEFAULT_UDP_PORT)
+            raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d"
+                             % LINK_DEFAULT_UDP_PORT)
         if not port:
             return "udp", host, LINK_DEFAULT_UDP_PORT
         try:
@@ -2267,7 +2270,8 @@ class LinkSession:
                         continue
                     if p + h + self.hdr_len <= end:   # whole record here: no copy
                         p += h
-                        self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, True)
+                        self.handler.link_message(self.hdr_type, self.hdr_slot, b, p,
+                                                  self.hdr_len, True)
                         p += self.hdr_len
                         continue
                     self.rec_type = self.hdr_type
