@@ -12,7 +12,9 @@ VBIN := $(VENV)/bin
 VENV_STAMP := $(VENV)/.stamp
 NODE_STAMP := node_modules/.stamp
 PYTEST_ARGS ?=
-TYPECHECK_PATHS ?= ports/cpython ros_side ubrb_client tools bench tests
+# ports/cpython/gateway.py is checked as ports.cpython.gateway, imported by ubrb_min.py: passed as a
+# path it would also be found as `gateway` under ports/cpython (the runtime's import root).
+TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
 .PHONY: all help venv node_modules test lint typecheck mpy clean distclean
 

@@ -10,8 +10,12 @@ package_name = "ros_side"
 setup(
     name=package_name,
     version="0.1.0",
-    packages=["ros_side", "ros_side.backends", "ports", "ports.cpython"],
-    py_modules=["ubrb_min"],  # direct mode runs the gateway core in-process
+    # The core (direct mode runs it in-process), the companion, the shared CPython runtime
+    # (ubrb_host, kept in ports/cpython/ in the source tree: no top-level `ports` is installed)
+    # and the UBRB client library.
+    packages=["ros_side", "ros_side.backends", "ubrb_host", "ubrb_client"],
+    package_dir={"ubrb_host": "ports/cpython/ubrb_host"},
+    py_modules=["ubrb_min"],
     data_files=[
         ("share/ament_index/resource_index/packages", ["ros_side/resource/ros_side"]),
         ("share/" + package_name, ["package.xml"]),

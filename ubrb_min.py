@@ -13,6 +13,40 @@ import sys
 import json
 import struct
 
+# ---------------------------------------------------------------------------------------------
+# Launcher: `python ubrb_min.py ...` / `micropython ubrb_min.py ...` start the gateway port of the
+# runtime they find themselves on. This is the core's only reference to ports/.
+#
+# Why at the top, not at the end: run as a script, this file is the module `__main__`; the port
+# does `import ubrb_min`, which loads this same file once more under its own name, and that copy
+# (where __name__ == "ubrb_min") skips this block and defines the core. Placed here, the block
+# hands over to the port and exits before the `__main__` copy defines anything, so the core exists
+# once, as `ubrb_min`, on both runtimes - no sys.modules aliasing (MicroPython does not even
+# register `__main__` in sys.modules), no second set of classes or buffers.
+# ---------------------------------------------------------------------------------------------
+if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
+
+    def _launch():
+        try:
+            if sys.implementation.name == "micropython":
+                from ports.micropython.gateway import main
+            else:
+                import os
+
+                # the shared CPython runtime (ubrb_host) is in ports/cpython/ in the source tree
+                here = os.path.dirname(os.path.abspath(__file__))
+                sys.path.insert(1, os.path.join(here, "ports", "cpython"))
+                from ports.cpython.gateway import main  # type: ignore[assignment]
+        except ImportError as e:
+            print("ubrb_min.py: no gateway port next to this file (%s): run it from the source "
+                  "tree, or use `python -m ros_side --listen` for the in-process gateway" % e,
+                  file=sys.stderr)
+            sys.exit(2)
+        sys.exit(main(sys.argv[1:]))
+
+    _launch()
+
+
 try:  # binascii.crc32 is C code on CPython and on every MicroPython port we target
     from binascii import crc32 as _lk_crc32
 except ImportError:  # pragma: no cover - slow bitwise fallback, same results
@@ -67,6 +101,9 @@ S_OPEN = 1  # accepted, no HELLO yet
 S_READY = 2  # HELLO received
 S_CLOSING = 3  # flush what is queued, then the port closes the socket
 
+WANT_READ = 1  # Gateway.interest(ci): what a port waits for on a client socket
+WANT_WRITE = 2
+
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
@@ -111,16 +148,18 @@ PROFILES = {
         "control_reserve": 1 * MIB,
     },
 }
-PROFILE_KEYS = (
-    "max_clients",
-    "max_pubs",
-    "max_subs",
-    "max_topics",
-    "max_payload",
-    "max_control",
-    "queue_bytes",
-    "control_reserve",
+# Every limit of a profile, with the sentence both ports' --help show for its flag.
+LIMITS = (
+    ("max_clients", "UBRB client connections served at once"),
+    ("max_pubs", "publisher ids per client"),
+    ("max_subs", "subscription ids per client"),
+    ("max_topics", "topic slots (each for publishers and again for subscriptions)"),
+    ("max_payload", "largest PUBLISH/MESSAGE payload in bytes"),
+    ("max_control", "largest payload of any other op in bytes"),
+    ("queue_bytes", "send queue per client in bytes"),
+    ("control_reserve", "bytes of each send queue only control frames may use"),
 )
+PROFILE_KEYS = tuple([k for k, _ in LIMITS])
 
 
 def make_profile(name, overrides=None):
@@ -151,22 +190,25 @@ def make_profile(name, overrides=None):
     return p
 
 
-def memory_budget(p):
-    """Worst-case bytes the gateway core holds for profile `p`, by part."""
+def memory_budget(p, link=None):
+    """Worst-case bytes the gateway core holds for profile `p`, by part; `link` is the
+    link_sizes() of the gateway's link session, or None when it runs without one."""
     rx = HDR + max(p["max_payload"] + 4, p["max_control"])
     per_client = rx + p["queue_bytes"] + 16 * (p["max_pubs"] + p["max_subs"]) + 8 * p["max_topics"]
     # Slot tables hold topic and type strings; ROS names are at most 255 characters.
     slots = 2 * p["max_topics"] * (2 * 256 + 64)
+    link_bytes = link["total"] if link is not None else 0
     return {
         "per_client": per_client,
         "clients": per_client * p["max_clients"],
         "slots": slots,
-        "total": per_client * p["max_clients"] + slots,
+        "link": link_bytes,
+        "total": per_client * p["max_clients"] + slots + link_bytes,
     }
 
 
-def format_budget(name, p):
-    b = memory_budget(p)
+def format_budget(name, p, link=None):
+    b = memory_budget(p, link)
     lines = ["profile %s: worst-case memory budget %s" % (name, human_bytes(b["total"]))]
     lines.append(
         "  %d clients x %s (rx frame %s + send queue %s + id tables)"
@@ -185,6 +227,11 @@ def format_budget(name, p):
         "  limits: %d pub ids + %d sub ids per client, payload %s, control %s"
         % (p["max_pubs"], p["max_subs"], human_bytes(p["max_payload"]), human_bytes(p["max_control"]))
     )
+    if link is not None:
+        lines.append(
+            "  link session buffers: %s (messages up to %s, frames of %d bytes)"
+            % (human_bytes(link["total"]), human_bytes(link["max_message"]), link["max_frame"])
+        )
     return "\n".join(lines)
 
 
@@ -199,13 +246,6 @@ def human_bytes(n):
 # ---------------------------------------------------------------------------------------------
 # Byte helpers (allocation-free on both runtimes)
 # ---------------------------------------------------------------------------------------------
-def new_buffer(n):
-    """Every large buffer of the core comes from here, once, at start-up. A port may replace it:
-    the CPython port maps big ones from anonymous memory, so a 128 MiB queue reserves address
-    space at start but costs RAM only as far as it is ever filled."""
-    return bytearray(n)
-
-
 def get_u32(b, o):
     # Caller guarantees the value is < 2**30 where it matters (lengths are capped far below).
     return b[o] | (b[o + 1] << 8) | (b[o + 2] << 16) | (b[o + 3] << 24)
@@ -280,7 +320,7 @@ class FrameDecoder:
     bytes are in, before any payload is waited for.
     """
 
-    def __init__(self, max_bulk, max_control, bulk_op, allowed_ops):
+    def __init__(self, max_bulk, max_control, bulk_op, allowed_ops, new_buffer=bytearray):
         self.max_bulk = max_bulk
         self.max_control = max_control
         self.bulk_op = bulk_op
@@ -374,7 +414,7 @@ class SendQueue:
     `owner.evictable(sub_id)` says which MESSAGE frames are best_effort.
     """
 
-    def __init__(self, cap, reserve, owner):
+    def __init__(self, cap, reserve, owner, new_buffer=bytearray):
         self.cap = cap
         self.reserve = reserve
         self.owner = owner
@@ -532,17 +572,140 @@ class SlotTable:
         return n
 
 
+PUB = 0  # registration kinds, as Registry methods take them
+SUB = 1
+
+
+class Refused(Exception):
+    """A registration the gateway refuses itself: the code and message of the client's ERROR."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def next_held(ids, slots, slot, i):
+    """The sweep behind Registry.next_on: the first index >= i of a live id (>= 0) whose slot is
+    `slot`, or -1. A plain function so the relay path (Gateway.ros_message) calls it directly."""
+    n = len(ids)
+    while i < n:
+        if ids[i] >= 0 and slots[i] == slot:
+            return i
+        i += 1
+    return -1
+
+
+class Registry:
+    """Who holds which topic: one SlotTable per kind (`pubs`, `subs`) and every client's id tables.
+
+    It owns the registration rules (ids unique per client, the per-client and topic-slot limits,
+    one type per topic across both kinds, one QoS per slot) and is the only code that changes a
+    reference count. The Gateway decides what the ROS side and the clients are told.
+
+    Iterating the ids a client holds on one slot (the sweep every fan-out needs) is
+    `i = next_on(c, kind, slot, 0)` ... `i = next_on(c, kind, slot, i + 1)` until -1: no
+    iterator object, so it stays allocation-free on the relay path.
+    """
+
+    def __init__(self, max_topics):
+        self.pubs = SlotTable("pub", max_topics)
+        self.subs = SlotTable("sub", max_topics)
+
+    def table(self, kind):
+        return self.pubs if kind == PUB else self.subs
+
+    def find(self, c, kind, id_):
+        """Index of client c's live `kind` id `id_`, or -1."""
+        return c.find_pub(id_) if kind == PUB else c.find_sub(id_)
+
+    def id_at(self, c, kind, i):
+        return c.pub_id[i] if kind == PUB else c.sub_id[i]
+
+    def slot_at(self, c, kind, i):
+        return c.pub_slot[i] if kind == PUB else c.sub_slot[i]
+
+    def next_on(self, c, kind, slot, i):
+        """The first index >= i of a live `kind` id of client c on `slot`, or -1."""
+        if kind == PUB:
+            return next_held(c.pub_id, c.pub_slot, slot, i)
+        return next_held(c.sub_id, c.sub_slot, slot, i)
+
+    def register(self, c, kind, id_, topic, type_, qos):
+        """Give client c's new `kind` id `id_` a slot for `topic`; returns the slot. Raises
+        Refused. The slot is new (the ROS side must be told) when holders(kind, slot) == 1."""
+        table = self.table(kind)
+        ids = c.pub_id if kind == PUB else c.sub_id
+        free = -1
+        for i in range(len(ids)):
+            if ids[i] == id_:
+                raise Refused("duplicate_id", "%s id %d is already live" % (table.kind, id_))
+            if free < 0 and ids[i] < 0:
+                free = i
+        if free < 0:
+            raise Refused("resource_exhausted", "at most %d %s ids per client (--max-%ss)"
+                          % (len(ids), table.kind, table.kind))
+        # Conflicts the gateway can decide: a topic it already holds, in either table.
+        for other in (self.pubs, self.subs):
+            j = other.find(topic)
+            if j >= 0 and other.type[j] != type_:
+                raise Refused("type_conflict",
+                              "%s already carries %s, not %s" % (topic, other.type[j], type_))
+        slot = table.find(topic)
+        if slot >= 0:
+            if table.qos[slot] != qos:
+                raise Refused("qos_conflict", "%s is already %s with QoS %s" % (
+                    topic, "advertised" if kind == PUB else "subscribed",
+                    _qos_text(table.qos[slot])))
+            table.refs[slot] += 1
+        else:
+            slot = table.allocate(topic, type_, qos)
+            if slot < 0:
+                raise Refused("resource_exhausted", "all %d %s topic slots are in use "
+                              "(--max-topics)" % (table.size, table.kind))
+        ids[free] = id_
+        if kind == PUB:
+            c.pub_slot[free] = slot
+        else:
+            c.sub_slot[free] = slot
+            c.sub_reliable[free] = table.reliable[slot]
+            c.sub_refs[slot] += 1
+        return slot
+
+    def release(self, c, kind, i):
+        """End entry i of client c's `kind` ids. Returns its slot if that was the slot's last
+        holder (the slot is free again), else -1."""
+        if kind == PUB:
+            c.pub_id[i] = -1
+            slot = c.pub_slot[i]
+        else:
+            c.sub_id[i] = -1
+            slot = c.sub_slot[i]
+            c.sub_refs[slot] -= 1
+        return slot if self.table(kind).release(slot) else -1
+
+    def holders(self, kind, slot):
+        """How many ids, over all clients, hold `slot` (0: free)."""
+        return self.table(kind).refs[slot]
+
+    def holds(self, kind, slot):
+        """Is `slot` a valid, held slot? (Slots named by the ROS side are checked with this.)"""
+        t = self.table(kind)
+        return 0 <= slot < t.size and t.refs[slot] > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # One client connection
 # ---------------------------------------------------------------------------------------------
 class ClientSession:
     """Protocol state of one TCP connection: decoder, send queue, id tables, timers."""
 
-    def __init__(self, index, p):
+    def __init__(self, index, p, new_buffer=bytearray):
         self.index = index
         self.state = S_FREE
-        self.decoder = FrameDecoder(p["max_payload"] + 4, p["max_control"], OP_PUBLISH, CLIENT_OPS)
-        self.queue = SendQueue(p["queue_bytes"], p["control_reserve"], self)
+        self.decoder = FrameDecoder(p["max_payload"] + 4, p["max_control"], OP_PUBLISH, CLIENT_OPS,
+                                    new_buffer)
+        self.queue = SendQueue(p["queue_bytes"], p["control_reserve"], self, new_buffer)
         self.max_pubs = p["max_pubs"]
         self.max_subs = p["max_subs"]
         self.pub_id = [-1] * p["max_pubs"]  # publisher id, -1 = free entry
@@ -669,13 +832,19 @@ class Gateway:
       tick(now)                   -> timers; call at least every 100 ms
     """
 
-    def __init__(self, profile, ros=None, server=SERVER_NAME, log=None):
+    def __init__(self, profile, ros=None, server=SERVER_NAME, log=None, new_buffer=bytearray):
+        # new_buffer(n): where every large buffer (decoders, send queues) comes from, once, here.
+        # bytearray by default; the CPython runtime passes one that maps big buffers from
+        # anonymous memory, so a 128 MiB queue reserves address space but costs RAM only as far
+        # as it is ever filled.
         self.p = profile
         self.server = server
         self.log = log  # callable(level, message) or None
-        self.clients = [ClientSession(i, profile) for i in range(profile["max_clients"])]
-        self.pubs = SlotTable("pub", profile["max_topics"])
-        self.subs = SlotTable("sub", profile["max_topics"])
+        n = profile["max_clients"]
+        self.clients = [ClientSession(i, profile, new_buffer) for i in range(n)]
+        self.registry = Registry(profile["max_topics"])
+        self.pubs = self.registry.pubs  # the slot tables, for reading: the registry edits them
+        self.subs = self.registry.subs
         self.ros = ros if ros is not None else NullRosPort()
         self.ros.sink = self
         self.ros_ready = False
@@ -702,14 +871,20 @@ class Gateway:
             self.log(level, msg)
 
     # -- port-facing -------------------------------------------------------------------------
-    def accept(self, now):
+    def accept(self, now, peer=None):
+        """A new connection (from `peer`, for the log): its client index, or -1 when every
+        session is taken (send reject_frame(), then close it)."""
         self.now = now
         for c in self.clients:
             if c.state == S_FREE:
                 c.open(now)
                 self.stats["clients_accepted"] += 1
+                if peer is not None:
+                    self._log("info", "client %d connected from %s" % (c.index, peer))
                 return c.index
         self.stats["clients_rejected"] += 1
+        if peer is not None:
+            self._log("warning", "refusing %s: too many clients" % (peer,))
         return -1
 
     def reject_frame(self):
@@ -725,6 +900,19 @@ class Gateway:
 
     def wants_close(self, ci):
         return self.clients[ci].state == S_CLOSING
+
+    def interest(self, ci):
+        """What the port waits for on client ci's socket: WANT_READ and/or WANT_WRITE. A closing
+        client is not read any more; it is watched for writing until its queue is flushed."""
+        c = self.clients[ci]
+        if c.state == S_CLOSING:
+            return WANT_WRITE
+        return WANT_READ | WANT_WRITE if c.queue.pending() else WANT_READ
+
+    def flushed_close(self, ci):
+        """True when client ci is closing and everything queued for it is sent: close it now."""
+        c = self.clients[ci]
+        return c.state == S_CLOSING and c.queue.pending() == 0
 
     def close_overdue(self, ci, now):
         """A closing client whose last frames (its ERROR) were not read within 2 s: the port
@@ -769,12 +957,10 @@ class Gateway:
         self._log("info", "client %d (%s) closed: %s" % (ci, c.name or "?", reason or c.close_reason))
         for i in range(c.max_pubs):
             if c.pub_id[i] >= 0:
-                c.pub_id[i] = -1
-                self._release_pub(c.pub_slot[i])
+                self._release(c, PUB, i)
         for j in range(c.max_subs):
             if c.sub_id[j] >= 0:
-                c.sub_id[j] = -1
-                self._release_sub(c, c.sub_slot[j])
+                self._release(c, SUB, j)
         c.queue.clear()
         c.decoder.reset()
         c.state = S_FREE
@@ -872,13 +1058,13 @@ class Gateway:
         try:
             msg = self._json(buf, off, n)
             if op == OP_ADVERTISE:
-                self._on_register(c, self.pubs, msg)
+                self._on_register(c, PUB, msg)
             elif op == OP_SUBSCRIBE:
-                self._on_register(c, self.subs, msg)
+                self._on_register(c, SUB, msg)
             elif op == OP_UNADVERTISE:
-                self._on_unregister(c, self.pubs, msg)
+                self._on_unregister(c, PUB, msg)
             elif op == OP_UNSUBSCRIBE:
-                self._on_unregister(c, self.subs, msg)
+                self._on_unregister(c, SUB, msg)
         except ProtocolError as e:
             self._error(c, e.id, "protocol_error", str(e))
 
@@ -918,103 +1104,58 @@ class Gateway:
         if first:
             self._log("info", "client %d says HELLO: %s" % (c.index, c.name))
 
-    def _on_register(self, c, table, msg):
+    def _on_register(self, c, kind, msg):
         id_ = _parse_id(msg)
         topic = msg.get("topic")
         type_ = msg.get("type")
         if not isinstance(topic, str) or not isinstance(type_, str):
             raise ProtocolError("'topic' and 'type' must be strings", id_)
         qos = _parse_qos(msg.get("qos"), id_)
-        pub = table is self.pubs
-        ids = c.pub_id if pub else c.sub_id
-        size = c.max_pubs if pub else c.max_subs
-        free = -1
-        for i in range(size):
-            if ids[i] == id_:
-                self._error(c, id_, "duplicate_id", "%s id %d is already live" % (table.kind, id_))
-                return
-            if free < 0 and ids[i] < 0:
-                free = i
-        if free < 0:
-            self._error(
-                c,
-                id_,
-                "resource_exhausted",
-                "at most %d %s ids per client (--max-%ss)" % (size, table.kind, table.kind),
-            )
+        reg = self.registry
+        try:
+            slot = reg.register(c, kind, id_, topic, type_, qos)
+        except Refused as e:
+            self._error(c, id_, e.code, e.message)
             return
-        # Conflicts the gateway can decide: a topic it already holds, in either table.
-        for other in (self.pubs, self.subs):
-            j = other.find(topic)
-            if j >= 0 and other.type[j] != type_:
-                self._error(
-                    c,
-                    id_,
-                    "type_conflict",
-                    "%s already carries %s, not %s" % (topic, other.type[j], type_),
-                )
-                return
-        slot = table.find(topic)
-        if slot >= 0:
-            if table.qos[slot] != qos:
-                self._error(
-                    c,
-                    id_,
-                    "qos_conflict",
-                    "%s is already %s with QoS %s"
-                    % (topic, "advertised" if pub else "subscribed", _qos_text(table.qos[slot])),
-                )
-                return
-            table.refs[slot] += 1
-            created = False
+        if kind == PUB:
+            if self.pubs.count[slot] >= 0:
+                c.counts_dirty = True  # a known subscriber count: this id gets it too
         else:
-            slot = table.allocate(topic, type_, qos)
-            if slot < 0:
-                self._error(
-                    c,
-                    id_,
-                    "resource_exhausted",
-                    "all %d %s topic slots are in use (--max-topics)" % (table.size, table.kind),
-                )
-                return
-            created = True
-        ids[free] = id_
-        if pub:
-            c.pub_slot[free] = slot
-            if table.count[slot] >= 0:
-                c.counts_dirty = True
-        else:
-            c.sub_slot[free] = slot
-            c.sub_reliable[free] = table.reliable[slot]
-            c.sub_refs[slot] += 1
             self._local_subs_changed(topic)
-        if created and self.ros_ready:
-            if pub:
+        if reg.holders(kind, slot) == 1 and self.ros_ready:  # a new slot: the ROS side needs it
+            if kind == PUB:
                 self.ros.advertise(slot, topic, type_, qos)
             else:
                 self.ros.subscribe(slot, topic, type_, qos)
 
-    def _on_unregister(self, c, table, msg):
+    def _on_unregister(self, c, kind, msg):
         id_ = _parse_id(msg)
-        pub = table is self.pubs
-        i = c.find_pub(id_) if pub else c.find_sub(id_)
+        i = self.registry.find(c, kind, id_)
         if i < 0:
-            self._error(c, id_, "unknown_id", "no live %s id %d on this connection" % (table.kind, id_))
+            kind_name = self.registry.table(kind).kind
+            self._error(c, id_, "unknown_id",
+                        "no live %s id %d on this connection" % (kind_name, id_))
             return
-        if pub:
-            c.pub_id[i] = -1
-            self._release_pub(c.pub_slot[i])
+        self._release(c, kind, i)
+        if kind == PUB:
             c.counts_dirty = True
-        else:
-            c.sub_id[i] = -1
-            self._release_sub(c, c.sub_slot[i])
 
-    def _release_pub(self, slot):
-        if self.pubs.release(slot):
-            if self.ros_ready:
-                self.ros.unadvertise(slot)
-            else:
-                self.pubs.stale[slot] = 1
+    def _release(self, c, kind, i):
+        """Client c gives up entry i of its `kind` ids; a slot nobody holds any more is released
+        on the ROS side now, or once it is reachable again (`stale`)."""
+        reg = self.registry
+        topic = reg.table(kind).topic[reg.slot_at(c, kind, i)]
+        slot = reg.release(c, kind, i)
+        if kind == SUB:
+            self._local_subs_changed(topic)
+        if slot < 0:
+            return
+        if not self.ros_ready:
+            reg.table(kind).stale[slot] = 1
+        elif kind == PUB:
+            self.ros.unadvertise(slot)
+        else:
+            self.ros.unsubscribe(slot)
 
     def _local_subs_changed(self, topic):
         """Publishers of `topic` see a new count: local subscribers are part of it."""
@@ -1024,21 +1165,8 @@ class Gateway:
 
     def _mark_counts(self, slot):
         for c in self.clients:
-            if c.state == S_FREE:
-                continue
-            for i in range(c.max_pubs):
-                if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                    c.counts_dirty = True
-                    break
-
-    def _release_sub(self, c, slot):
-        c.sub_refs[slot] -= 1
-        self._local_subs_changed(self.subs.topic[slot])
-        if self.subs.release(slot):
-            if self.ros_ready:
-                self.ros.unsubscribe(slot)
-            else:
-                self.subs.stale[slot] = 1
+            if c.state != S_FREE and self.registry.next_on(c, PUB, slot, 0) >= 0:
+                c.counts_dirty = True
 
     # -- output helpers --------------------------------------------------------------------------
     def _send(self, c, op, payload):
@@ -1111,69 +1239,63 @@ class Gateway:
     def ros_result(self, kind, slot, code, message):
         if code is None:
             return
-        table = self.pubs if kind == "pub" else self.subs
-        if not (0 <= slot < table.size) or not table.refs[slot]:
+        k = PUB if kind == "pub" else SUB
+        reg = self.registry
+        if not reg.holds(k, slot):
             return
-        # The ROS side refused the slot: every registration on it ends, with an ERROR to its owner.
+        # The ROS side refused the slot: every registration on it ends, with an ERROR to its
+        # owner; the last release frees the slot (the ROS side holds nothing: nothing to undo).
+        topic = reg.table(k).topic[slot]
         for c in self.clients:
             if c.state == S_FREE:
                 continue
-            if kind == "pub":
-                for i in range(c.max_pubs):
-                    if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                        self._error(c, c.pub_id[i], code, message)
-                        c.pub_id[i] = -1
-                        table.refs[slot] -= 1
-            else:
-                for j in range(c.max_subs):
-                    if c.sub_id[j] >= 0 and c.sub_slot[j] == slot:
-                        self._error(c, c.sub_id[j], code, message)
-                        c.sub_id[j] = -1
-                        c.sub_refs[slot] -= 1
-                        table.refs[slot] -= 1
-        topic = table.topic[slot]
-        table.free(slot)  # the ROS side holds nothing for it: no unadvertise needed
-        if kind == "sub":
+            i = reg.next_on(c, k, slot, 0)
+            while i >= 0:
+                self._error(c, reg.id_at(c, k, i), code, message)
+                reg.release(c, k, i)
+                i = reg.next_on(c, k, slot, i + 1)
+        if k == SUB:
             self._local_subs_changed(topic)
 
     def ros_error(self, kind, slot, code, message):
-        table = self.pubs if kind == "pub" else self.subs
-        if not (0 <= slot < table.size) or not table.refs[slot]:
+        k = PUB if kind == "pub" else SUB
+        reg = self.registry
+        if not reg.holds(k, slot):
             return
         now = self.now
         for c in self.clients:
             if c.state != S_READY:
                 continue
-            if kind == "pub":
-                if self.publishing >= 0 and c.index != self.publishing:
-                    continue
-                for i in range(c.max_pubs):
-                    if c.pub_id[i] >= 0 and c.pub_slot[i] == slot:
-                        if c.should_report(code, c.pub_id[i], now):
-                            self._error(c, c.pub_id[i], code, message)
-            else:
-                for j in range(c.max_subs):
-                    if c.sub_id[j] >= 0 and c.sub_slot[j] == slot:
-                        if c.should_report(code, c.sub_id[j], now):
-                            self._error(c, c.sub_id[j], code, message)
+            if k == PUB and self.publishing >= 0 and c.index != self.publishing:
+                continue  # a failed publish concerns the client that published
+            i = reg.next_on(c, k, slot, 0)
+            while i >= 0:
+                id_ = reg.id_at(c, k, i)
+                if c.should_report(code, id_, now):
+                    self._error(c, id_, code, message)
+                i = reg.next_on(c, k, slot, i + 1)
 
     def ros_message(self, slot, buf, off, n):
-        if not (0 <= slot < self.subs.size) or not self.subs.refs[slot]:
+        if not self.registry.holds(SUB, slot):
             return
         for c in self.clients:
             if c.state != S_READY or not c.sub_refs[slot]:
                 continue
-            for j in range(c.max_subs):
-                if c.sub_id[j] >= 0 and c.sub_slot[j] == slot:
-                    if c.queue.push_message(OP_MESSAGE, c.sub_id[j], buf, off, n):
-                        c.tx_frames += 1
-                        self.stats["message_out"] += 1
-                    else:
-                        c.dropped += 1
-                        self.stats["dropped_queue"] += 1
+            ids = c.sub_id
+            left = c.sub_refs[slot]  # this client's ids on the slot: stop after the last one
+            j = next_held(ids, c.sub_slot, slot, 0)
+            while j >= 0:
+                if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n):
+                    c.tx_frames += 1
+                    self.stats["message_out"] += 1
+                else:
+                    c.dropped += 1
+                    self.stats["dropped_queue"] += 1
+                left -= 1
+                j = next_held(ids, c.sub_slot, slot, j + 1) if left > 0 else -1
 
     def ros_sub_count(self, slot, count):
-        if not (0 <= slot < self.pubs.size) or not self.pubs.refs[slot]:
+        if not self.registry.holds(PUB, slot):
             return
         if self.pubs.count[slot] == count:
             return
@@ -1234,8 +1356,6 @@ def _qos_text(q):
 # sys, json and (optionally) binascii; no sockets, clocks or threads.
 # Time `now` is an int of milliseconds; bytes travel as (buf, off, n).
 # ---------------------------------------------------------------------------
-_LK_MP = IS_MICROPYTHON
-
 LK_VERSION = 1
 LK_SYNC0 = 0xA5
 LK_SYNC1 = 0x4E
@@ -1254,6 +1374,9 @@ LK_BEFRAG = 5
 LK_NAK = 0x10       # ctl flag: "I miss frame <ack>"
 
 # results of LinkSession.send
+LINK_DOWN = 0  # session states: handshaking (HELLOs until the peer answers) or down
+LINK_UP = 1
+
 LK_OK = 0
 LK_TOO_LARGE = 1
 LK_FULL = 2
@@ -1310,14 +1433,6 @@ def _lk_crc(buf, off, n, seed):
     return _lk_crc32(memoryview(buf)[off:off + n], seed)
 
 
-def _lk_varlen(v):
-    n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
 def _lk_putvar(b, p, v):
     while v >= 0x80:
         b[p] = (v & 0x7F) | 0x80
@@ -1347,6 +1462,146 @@ def _lk_ring_get(dst, doff, ring, pos, n):
         copy_into(dst, doff + k, ring, 0, n - k)
 
 
+# ---- link configuration: one grammar, one sizing, one pacing, for every port ----------------
+LINK_DEFAULT_UDP_PORT = 8269
+LINK_DEFAULT_MTU = 1400      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
+LINK_SERIAL_FRAME = 1088     # serial frame cap: a 1 KiB message and its headers fit one frame
+                             # (95 ms at 115200 baud)
+LINK_MAX_MESSAGE = (1 << 23) - 64  # largest message any link session carries (lengths < 2**24)
+LINK_PACE_MS = 60            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
+
+
+def parse_link_url(url):
+    """The link grammar of every port and of the companion:
+
+      udp://HOST[:PORT]   ('udp', HOST, PORT); PORT defaults to 8269; HOST may be [v6]
+      serial:PATH         ('serial', PATH, 0); PATH is a device or pyserial URL on CPython and a
+      uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID)
+      none (or empty)     ('none', '', 0): no link, no ROS side
+
+    ValueError, with a sentence for a person, for anything else."""
+    if url is None or url == "" or url == "none":
+        return "none", "", 0
+    if url.startswith("udp://"):
+        rest = url[6:].rstrip("/")
+        if rest.startswith("["):
+            host, _, port = rest[1:].partition("]")
+            port = port[1:] if port.startswith(":") else port
+        else:
+            host, sep, port = rest.rpartition(":")
+            if not sep:
+                host, port = rest, ""
+        if not host:
+            raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d"
+                             % LINK_DEFAULT_UDP_PORT)
+        if not port:
+            return "udp", host, LINK_DEFAULT_UDP_PORT
+        try:
+            return "udp", host, int(port)
+        except ValueError:
+            raise ValueError("bad port %r in %r" % (port, url))
+    for prefix in ("serial:", "uart:"):
+        if url.startswith(prefix):
+            path = url[len(prefix):]
+            if not path:
+                raise ValueError("%s needs a device, e.g. serial:/dev/ttyACM0 or uart:1" % prefix)
+            return "serial", path, 0
+    raise ValueError("unknown link %r: use udp://HOST:PORT or serial:PATH (or none)" % url)
+
+
+def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
+    """The buffers of one link session, for either end and every port: a dict with max_message,
+    max_frame, window, rel_bytes (reliable send ring), be_bytes (best-effort ring) and total
+    (every buffer the session allocates). Rings follow the largest message, so a small profile
+    (mcu) gets small rings, a big one room for a few messages in flight."""
+    mm = min(max_message, LINK_MAX_MESSAGE)
+    frame = mtu if datagram else LINK_SERIAL_FRAME
+    # UDP on a LAN sustains a wider window; a serial line or a board's small rx queues do not.
+    window = 16 if datagram and mm > 4 * KIB else 8
+    rel = max(8 * KIB, 2 * mm, min(4 * mm, 256 * KIB))
+    be = max(4 * KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * KIB))
+    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
+    return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
+            "be_bytes": be, "total": total}
+
+
+def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
+                     max_slots=256):
+    """A LinkSession sized by link_sizes(): how every port and the companion make one."""
+    z = link_sizes(max_message, datagram, mtu)
+    return LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
+                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots)
+
+
+def pace_credit(credit, elapsed_ms, bytes_per_s):
+    """Write pacing for a serial line (both ports): the credit, in milli-bytes, after `elapsed_ms`
+    more of line time at `bytes_per_s`, capped at LINK_PACE_MS of it. Integers only (floats
+    allocate on MicroPython); every value stays < 2**30 for lines up to ~1.7 MB/s."""
+    if elapsed_ms > LINK_PACE_MS:
+        elapsed_ms = LINK_PACE_MS
+    credit += elapsed_ms * bytes_per_s
+    cap = LINK_PACE_MS * bytes_per_s
+    return credit if credit < cap else cap
+
+
+class LinkOutput:
+    """What a port's link driver writes next, and when: the frame in progress
+    (session.tx_buf[off:off + n]) and the serial pacing credit. Both ports' drivers flush with
+
+        out.start(now)
+        n = out.next(now)              # bytes to write now; 0: nothing, or pacing says wait
+        while n:
+            k = transport.write(session.tx_buf, out.off, n)
+            if not out.wrote(k):       # partial or refused write: try again on the next flush
+                break
+            n = out.next(now)
+
+    (bounded by a count), so each keeps only its write call and its error handling."""
+
+    def __init__(self, session, bytes_per_s):
+        self.s = session
+        self.pace = bytes_per_s  # 0: unpaced (UDP)
+        self.credit = 0  # milli-bytes, see pace_credit
+        self.last = -1  # time of the last start(), -1 before the first
+        self.off = 0
+        self.n = 0  # bytes of the current frame not yet written
+
+    def start(self, now):
+        if self.pace:
+            if self.last >= 0:
+                self.credit = pace_credit(self.credit, now - self.last, self.pace)
+            self.last = now
+
+    def next(self, now):
+        if self.n == 0:
+            if self.pace and self.credit <= 0:
+                return 0
+            n = self.s.poll_tx(now)
+            if n == 0:
+                return 0
+            self.off = 0
+            self.n = n
+        return self.n
+
+    def wrote(self, k):
+        """`k` bytes of the frame went out; True when the frame is done and the next may follow."""
+        if k <= 0:
+            return False
+        self.off += k
+        self.n -= k
+        if self.pace:
+            self.credit -= k * 1000
+        return self.n == 0
+
+    def drop(self):
+        """The device is gone with a half-written frame: the peer resyncs, we start afresh."""
+        self.n = 0
+
+    def rebase(self, d):
+        if self.last >= 0:
+            self.last -= d
+
+
 _LK_COUNTERS = (
     "rx_frames", "tx_frames", "rx_bytes", "tx_bytes", "crc_err", "hdr_err", "resync",
     "noise", "retx", "timeouts", "fast_retx", "dup", "ooo", "drop_be", "drop_be_down",
@@ -1367,30 +1622,54 @@ class LinkSession:
         if max_message >= 1 << 24:
             raise ValueError("max_message")
         self.handler = handler
-        self.epoch = (epoch & 0xFFFFFFFF) or 1
-        self.gw = gateway
-        self.dgram = datagram
+        # -- who we are, and the peer as its HELLO describes it ------------------------------
+        self.epoch = (epoch & 0xFFFFFFFF) or 1  # this incarnation; a new one resets the stream
+        self.is_gateway = gateway
+        self.datagram = datagram  # UDP: one frame per datagram; serial: a byte stream to resync
         self.max_frame = max_frame
         self.max_message = max_message
         self.window = max(1, min(window, LK_WMAX))
         self.max_slots = max_slots
+        self.state = LINK_DOWN
+        self.fresh = True  # the next LINK_UP is a new peer (its registrations must be re-sent)
+        self.peer_epoch = 0
+        self.seed = 0  # CRC seed of this session: both epochs, so stale frames fail the check
+        self.peer_max_frame = 0
+        self.peer_max_message = 0
+        self.peer_window = 1
+        # -- time and liveness (ms) ------------------------------------------------------------
+        self.now = 0
+        self.hello_at = 0
+        self.hello_reply = False
+        self.last_rx = 0
+        self.last_tx = 0
+        self.srtt = 0
+        self.rttvar = 0
+        self.rto = LK_RTO_INIT
+        # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
         self.rx = bytearray(0 if datagram else 2 * max_frame)  # stream mode only
-        self.asm = bytearray(max_message + LK_RHDR_MAX)   # reliable record assembly
-        self.basm = bytearray(max_message + LK_RHDR_MAX)  # best-effort reassembly
-        self.rel = bytearray(rel_bytes)             # reliable send ring (wire records)
-        self.rel_res = min(4096, rel_bytes // 4)    # reserved for control records
-        self.be = bytearray(be_bytes)               # best-effort ring (6-byte tag + record)
-        self.be_last = [-1] * (max_slots + 1)
-        self.f_off = [0] * 64
-        self.f_len = [0] * 64
-        self.f_t = [0] * 64
-        self.f_retx = bytearray(64)
-        self.hb = bytearray(LK_RHDR_MAX)
-        self.tag = bytearray(6)
-        self.h_var = self.h_slot = self.h_type = self.h_len = 0  # record header being parsed
-        # counters (plain ints: increments allocate nothing)
+        self.rx_n = 0
+        self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
+        # record header being parsed: type, slot, length (varints)
+        self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
+        # -- reliable class: a ring of wire records, go-back-N over a 64-entry frame table ------
+        self.rel = bytearray(rel_bytes)
+        self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
+        self.rel_queued = 0
+        self.frame_off = [0] * 64  # per sequence number (seq & 63): where its body is in `rel`
+        self.frame_len = [0] * 64
+        self.frame_sent_at = [0] * 64
+        self.frame_retx = bytearray(64)
+        self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
+        # -- best-effort class: newest wins per slot, big records go out in fragments -----------
+        self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
+        self.be_tag = bytearray(6)
+        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its queued record
+        self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
+        # -- counters: plain ints (increments allocate nothing); counters() reports every
+        # name of _LK_COUNTERS (as c_<name>): a new counter goes here and there
         self.c_rx_frames = self.c_tx_frames = self.c_rx_bytes = self.c_tx_bytes = 0
         self.c_crc_err = self.c_hdr_err = self.c_resync = self.c_noise = 0
         self.c_retx = self.c_timeouts = self.c_fast_retx = self.c_dup = self.c_ooo = 0
@@ -1399,46 +1678,29 @@ class LinkSession:
         self.c_frag_tx = self.c_frag_rx = self.c_frag_drop = 0
         self.c_up = self.c_down = self.c_new = self.c_hello_tx = self.c_hello_rx = 0
         self.c_proto = self.c_stale = self.c_trunc = 0
-        self.now = 0
-        self.state = 0            # 0 handshaking/down, 1 up
-        self.peer_epoch = 0
-        self.seed = 0
-        self.p_frame = 0
-        self.p_msg = 0
-        self.p_win = 1
-        self.fresh = True
-        self.hello_at = 0
-        self.hello_reply = False
-        self.last_rx = 0
-        self.last_tx = 0
-        self.srtt = 0
-        self.rttvar = 0
-        self.rto = LK_RTO_INIT
-        self.rx_n = 0
-        self.r_total = 0
         self._reset_stream()
 
     # ---- state ---------------------------------------------------------
     def _reset_stream(self):
         # a new peer incarnation: nothing of the old stream may leak into it
-        self.c_rel_reset_bytes += self.r_total
+        self.c_rel_reset_bytes += self.rel_queued
         self.una = self.nxt = self.snd = 0
-        self.r_head = self.r_total = self.r_framed = 0
-        self.r_exp = 0
+        self.rel_head = self.rel_queued = self.rel_framed = 0
+        self.rel_rx_expected = 0
         self.ack_pending = False
         self.ack_rep = 0
         self.nak_pending = False
         self.nak_for = -1
         self.nak_t = 0
-        self.gb_t = -100000
-        self.asm_n = 0
-        self.asm_need = 0
-        self.asm_h = 0
-        self.asm_t = self.asm_s = self.asm_l = 0
+        self.go_back_at = -100000
+        self.rec_have = 0
+        self.rec_need = 0
+        self.rec_header_have = 0
+        self.rec_type = self.rec_slot = self.rec_length = 0
         self.skip = 0
-        self.b_active = False
-        self.b_total = self.b_n = self.b_seq = self.b_t = 0
-        self.be_head = self.be_n = self.be_live = self.be_frag = 0
+        self.frag_active = False
+        self.frag_total = self.frag_have = self.frag_seq = self.frag_started_at = 0
+        self.be_head = self.be_n = self.be_live = self.be_sent_part = 0
         self.be_seq = 0
         self.be_hi = 255
         self.be_mask = 0
@@ -1447,11 +1709,11 @@ class LinkSession:
         self.turn = 0
 
     def is_up(self):
-        return self.state == 1
+        return self.state == LINK_UP
 
     def max_send(self):
         """Largest message send() accepts in both classes right now."""
-        m = self.p_msg
+        m = self.peer_max_message
         r = len(self.rel) - self.rel_res - LK_RHDR_MAX
         b = len(self.be) - 6 - LK_RHDR_MAX
         if r < m:
@@ -1465,7 +1727,7 @@ class LinkSession:
         for k in _LK_COUNTERS:
             d[k] = getattr(self, "c_" + k)
         d["is_up"] = self.state
-        d["rel_queued"] = self.r_total
+        d["rel_queued"] = self.rel_queued
         d["be_queued"] = self.be_n
         d["srtt_ms"] = self.srtt
         d["rto_ms"] = self.rto
@@ -1480,20 +1742,20 @@ class LinkSession:
         if n > self.max_send():
             self.c_too_large += 1
             return LK_TOO_LARGE
-        hb = self.hb
+        hb = self.rec_header
         hb[0] = t
         h = _lk_putvar(hb, 1, slot)
         h = _lk_putvar(hb, h, n)
         need = h + n
-        if n + h > self.p_frame - LK_OVH:
+        if n + h > self.peer_max_frame - LK_OVH:
             self.c_frag_tx += 1
         if reliable:
             cap = len(self.rel)
             lim = cap if control else cap - self.rel_res
-            if self.r_total + need > lim:
+            if self.rel_queued + need > lim:
                 self.c_drop_rel_full += 1
                 return LK_FULL
-            pos = self.r_head + self.r_total
+            pos = self.rel_head + self.rel_queued
             if pos >= cap:
                 pos -= cap
             _lk_ring_put(self.rel, pos, hb, 0, h)
@@ -1501,9 +1763,9 @@ class LinkSession:
             if pos >= cap:
                 pos -= cap
             _lk_ring_put(self.rel, pos, buf, off, n)
-            self.r_total += need
+            self.rel_queued += need
             return LK_OK
-        if self.state != 1:
+        if self.state != LINK_UP:
             self.c_drop_be_down += 1
             return LK_DOWN
         be = self.be
@@ -1523,7 +1785,7 @@ class LinkSession:
         if pos >= cap:
             pos -= cap
         self.be_last[key] = pos
-        tag = self.tag                    # live, key(2), record length(3)
+        tag = self.be_tag                    # live, key(2), record length(3)
         tag[0] = 1
         tag[1] = key & 0xFF
         tag[2] = key >> 8
@@ -1558,7 +1820,7 @@ class LinkSession:
         h += 6 + w
         self.be_head = h % cap
         self.be_n -= 6 + w
-        self.be_frag = 0
+        self.be_sent_part = 0
         return live
 
     def _head(self, kind, seq, n_body):
@@ -1576,7 +1838,7 @@ class LinkSession:
         b[4] = ctl
         b[5] = lk_hck(b[2], b[3], ctl)
         b[6] = seq
-        b[7] = self.r_exp
+        b[7] = self.rel_rx_expected
         return L
 
     def _seal(self, L, seed, now):
@@ -1598,10 +1860,10 @@ class LinkSession:
         b = self.tx_buf
         L = self._head(LK_HELLO, 0, 18)
         b[8] = LK_VERSION
-        b[9] = 0 if self.gw else 1
+        b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
-                         0 if self.state == 1 else 1)
+                         0 if self.state == LINK_UP else 1)
         self.hello_reply = False
         self.hello_at = now + LK_HELLO_MS
         self.c_hello_tx += 1
@@ -1610,15 +1872,15 @@ class LinkSession:
     def poll_tx(self, now):
         """Build the next frame in tx_buf; returns its length (0: nothing)."""
         self.now = now
-        if self.state != 1:
+        if self.state != LINK_UP:
             if now - self.hello_at >= 0 or self.hello_reply:
                 return self._hello(now)
             return 0
         if self.hello_reply:
             return self._hello(now)
         self._timer(now)
-        rel = self.snd != self.nxt or (self.r_total > self.r_framed and
-                                       ((self.nxt - self.una) & 255) < self.p_win)
+        rel = self.snd != self.nxt or (self.rel_queued > self.rel_framed and
+                                       ((self.nxt - self.una) & 255) < self.peer_window)
         if rel and (self.turn == 0 or self.be_live == 0):
             self.turn = 1
             return self._rel_frame(now)
@@ -1635,26 +1897,26 @@ class LinkSession:
         s = self.snd
         i = s & 63
         if s == self.nxt:                    # new frame: as much as fits
-            n = self.r_total - self.r_framed
-            m = self.p_frame - LK_OVH
+            n = self.rel_queued - self.rel_framed
+            m = self.peer_max_frame - LK_OVH
             if n > m:
                 n = m
-            pos = self.r_head + self.r_framed
+            pos = self.rel_head + self.rel_framed
             cap = len(self.rel)
             if pos >= cap:
                 pos -= cap
-            self.f_off[i] = pos
-            self.f_len[i] = n
-            self.f_retx[i] = 0
-            self.r_framed += n
+            self.frame_off[i] = pos
+            self.frame_len[i] = n
+            self.frame_retx[i] = 0
+            self.rel_framed += n
             self.nxt = (s + 1) & 255
         else:                                # go-back-N: same boundaries as before
-            self.f_retx[i] = 1
+            self.frame_retx[i] = 1
             self.c_retx += 1
-            n = self.f_len[i]
+            n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
-        _lk_ring_get(self.tx_buf, LK_HDR, self.rel, self.f_off[i], n)
-        self.f_t[i] = now
+        _lk_ring_get(self.tx_buf, LK_HDR, self.rel, self.frame_off[i], n)
+        self.frame_sent_at[i] = now
         self.snd = (s + 1) & 255
         return self._seal(L, self.seed, now)
 
@@ -1662,7 +1924,7 @@ class LinkSession:
         be = self.be
         cap = len(be)
         tx = self.tx_buf
-        m = self.p_frame - LK_OVH
+        m = self.peer_max_frame - LK_OVH
         q = LK_HDR
         kind = LK_BE
         while self.be_n > 0:
@@ -1671,22 +1933,22 @@ class LinkSession:
             if not be[h]:
                 self._be_pop()
                 continue
-            if self.be_frag > 0 or w > m:
+            if self.be_sent_part > 0 or w > m:
                 if q > LK_HDR:
                     break
-                if self.be_frag == 0:        # started: no longer replaceable
+                if self.be_sent_part == 0:        # started: no longer replaceable
                     key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
                     if self.be_last[key] == h:
                         self.be_last[key] = -1
                 q = _lk_putvar(tx, q, w)
-                q = _lk_putvar(tx, q, self.be_frag)
-                k = w - self.be_frag
+                q = _lk_putvar(tx, q, self.be_sent_part)
+                k = w - self.be_sent_part
                 if k > m - (q - LK_HDR):
                     k = m - (q - LK_HDR)
-                _lk_ring_get(tx, q, be, (h + 6 + self.be_frag) % cap, k)
+                _lk_ring_get(tx, q, be, (h + 6 + self.be_sent_part) % cap, k)
                 q += k
-                self.be_frag += k
-                if self.be_frag == w:
+                self.be_sent_part += k
+                if self.be_sent_part == w:
                     self._be_pop()
                 kind = LK_BEFRAG
                 self.c_frag_tx += 1
@@ -1706,23 +1968,23 @@ class LinkSession:
     def _timer(self, now):
         # retransmission timeout on the oldest unacked frame -> go back N
         if self.nxt != self.una and self.snd != self.una:
-            if now - self.f_t[self.una & 63] >= self.rto:
+            if now - self.frame_sent_at[self.una & 63] >= self.rto:
                 self.snd = self.una
                 self.c_timeouts += 1
                 self.rto = min(self.rto * 2, LK_RTO_MAX)
 
     def tick(self, now):
         self.now = now
-        if self.state == 1:
+        if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
-                self.state = 0
+                self.state = LINK_DOWN
                 self.c_down += 1
                 self.hello_at = now
                 self.handler.link_down()
             else:
                 self._timer(now)
-        if self.b_active and now - self.b_t >= LK_FRAG_MS:
-            self.b_active = False
+        if self.frag_active and now - self.frag_started_at >= LK_FRAG_MS:
+            self.frag_active = False
             self.c_frag_drop += 1
 
     def rebase(self, d):
@@ -1734,9 +1996,9 @@ class LinkSession:
         if self.ack_rep:  # 0 means "no repeat scheduled"
             self.ack_rep -= d
         self.nak_t -= d
-        self.gb_t -= d
-        self.b_t -= d
-        t = self.f_t
+        self.go_back_at -= d
+        self.frag_started_at -= d
+        t = self.frame_sent_at
         for i in range(len(t)):
             t[i] -= d
 
@@ -1746,7 +2008,7 @@ class LinkSession:
         self.now = now
         self.c_rx_bytes += n
         end = off + n
-        if self.dgram:
+        if self.datagram:
             p = self._parse(buf, off, end)
             if p < end:
                 self.c_trunc += 1
@@ -1812,7 +2074,7 @@ class LinkSession:
         if kind == LK_HELLO:
             self._on_hello(b, p + LK_HDR, L - LK_OVH, now)
             return
-        if self.state != 1:
+        if self.state != LINK_UP:
             self.c_stale += 1
             return
         self.last_rx = now
@@ -1820,17 +2082,17 @@ class LinkSession:
         seq = b[p + 6]
         end = p + L - 4
         if kind == LK_REL:
-            d = (seq - self.r_exp) & 255
+            d = (seq - self.rel_rx_expected) & 255
             if d == 0:
-                self.r_exp = (self.r_exp + 1) & 255
+                self.rel_rx_expected = (self.rel_rx_expected + 1) & 255
                 self.ack_pending = True
                 self.nak_for = -1
                 self._rel_body(b, p + LK_HDR, end)
             elif d < 128:
                 self.c_ooo += 1
-                if self.nak_for != self.r_exp or now - self.nak_t >= LK_ACK_REP_MS:
+                if self.nak_for != self.rel_rx_expected or now - self.nak_t >= LK_ACK_REP_MS:
                     self.nak_pending = True
-                    self.nak_for = self.r_exp
+                    self.nak_for = self.rel_rx_expected
                     self.nak_t = now
             else:
                 self.c_dup += 1
@@ -1869,40 +2131,40 @@ class LinkSession:
         return False
 
     def _on_hello(self, b, p, n, now):
-        if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.gw else 1):
+        if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
             self.c_proto += 1       # other version, or two ends of the same role
             return
         pe, ye, pf, pm, pw, need = struct.unpack_from("<IIHIBB", b, p + 2)
         self.c_hello_rx += 1
         if pe != self.peer_epoch:
             # the peer is a new incarnation: the old session is gone for good
-            if self.state == 1:
-                self.state = 0
+            if self.state == LINK_UP:
+                self.state = LINK_DOWN
                 self.c_down += 1
                 self.handler.link_down()
             self._reset_stream()
             self.peer_epoch = pe
             self.fresh = True
             self.c_new += 1
-            if self.gw:
+            if self.is_gateway:
                 self.seed = (self.epoch * 31 + pe) & 0x3FFFFFFF
             else:
                 self.seed = (pe * 31 + self.epoch) & 0x3FFFFFFF
-        self.p_frame = min(pf, self.max_frame)
-        self.p_msg = pm
-        self.p_win = max(1, min(pw, LK_WMAX))
+        self.peer_max_frame = min(pf, self.max_frame)
+        self.peer_max_message = pm
+        self.peer_window = max(1, min(pw, LK_WMAX))
         self.last_rx = now
         if ye != self.epoch:
-            if self.state == 1:
-                self.state = 0
+            if self.state == LINK_UP:
+                self.state = LINK_DOWN
                 self.c_down += 1
                 self.handler.link_down()
             self.hello_reply = True
             return
         if need:
             self.hello_reply = True
-        if self.state != 1:
-            self.state = 1
+        if self.state != LINK_UP:
+            self.state = LINK_UP
             self.c_up += 1
             self.snd = self.una        # resume: resend whatever was unacked
             self.nak_for = -1
@@ -1919,25 +2181,25 @@ class LinkSession:
             last = -1
             while una != a:
                 i = una & 63
-                L = self.f_len[i]
-                h = self.r_head + L
+                L = self.frame_len[i]
+                h = self.rel_head + L
                 if h >= cap:
                     h -= cap
-                self.r_head = h
-                self.r_total -= L
-                self.r_framed -= L
-                last = i if not self.f_retx[i] else -1
+                self.rel_head = h
+                self.rel_queued -= L
+                self.rel_framed -= L
+                last = i if not self.frame_retx[i] else -1
                 una = (una + 1) & 255
             if ((self.snd - self.una) & 255) < k:
                 self.snd = a
             self.una = a
             if last >= 0:
-                self._rtt(now - self.f_t[last])
+                self._rtt(now - self.frame_sent_at[last])
             inflight -= k
         if nak and inflight and self.snd != una:
             # the peer saw a gap at `una`: go back now rather than at RTO
-            if now - self.gb_t >= (self.srtt if self.srtt > 10 else 10):
-                self.gb_t = now
+            if now - self.go_back_at >= (self.srtt if self.srtt > 10 else 10):
+                self.go_back_at = now
                 self.snd = una
                 self.c_fast_retx += 1
 
@@ -1958,7 +2220,7 @@ class LinkSession:
         self.rto = LK_RTO_MIN if r < LK_RTO_MIN else (LK_RTO_MAX if r > LK_RTO_MAX else r)
 
     def _varint(self, b, q, end, max_shift):
-        # LEB128 at b[q:end] into self.h_var; the offset after it, 0 if incomplete, -1 if too long
+        # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
         v = 0
         sh = 0
         while True:
@@ -1968,7 +2230,7 @@ class LinkSession:
             q += 1
             v |= (c & 0x7F) << sh
             if c < 0x80:
-                self.h_var = v
+                self.hdr_var = v
                 return q
             sh += 7
             if sh > max_shift:
@@ -1981,12 +2243,12 @@ class LinkSession:
         q = self._varint(b, p + 1, end, 14)
         if q <= 0:
             return q
-        self.h_slot = self.h_var
+        self.hdr_slot = self.hdr_var
         q = self._varint(b, q, end, 21)
         if q <= 0:
             return q
-        self.h_type = b[p]
-        self.h_len = self.h_var
+        self.hdr_type = b[p]
+        self.hdr_len = self.hdr_var
         return q - p
 
     def _rel_body(self, b, p, end):
@@ -1999,125 +2261,127 @@ class LinkSession:
                 self.skip -= k
                 p += k
                 continue
-            if self.asm_n == 0:
+            if self.rec_have == 0:
                 h = self._hdr(b, p, end)
                 if h > 0:
-                    if self.h_len > self.max_message:
+                    if self.hdr_len > self.max_message:
                         self.c_proto += 1
-                        self.skip = h + self.h_len
+                        self.skip = h + self.hdr_len
                         continue
-                    if p + h + self.h_len <= end:   # whole record here: no copy
+                    if p + h + self.hdr_len <= end:   # whole record here: no copy
                         p += h
-                        self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, True)
-                        p += self.h_len
+                        self.handler.link_message(self.hdr_type, self.hdr_slot, b, p,
+                                                  self.hdr_len, True)
+                        p += self.hdr_len
                         continue
-                    self.asm_t = self.h_type
-                    self.asm_s = self.h_slot
-                    self.asm_l = self.h_len
-                    self.asm_h = h
-                    self.asm_need = h + self.h_len
+                    self.rec_type = self.hdr_type
+                    self.rec_slot = self.hdr_slot
+                    self.rec_length = self.hdr_len
+                    self.rec_header_have = h
+                    self.rec_need = h + self.hdr_len
                 elif h < 0:
                     self.c_proto += 1
                     return
                 else:
-                    self.asm_need = 0
-            if self.asm_need == 0:                 # header itself is split
-                self.asm[self.asm_n] = b[p]
-                self.asm_n += 1
+                    self.rec_need = 0
+            if self.rec_need == 0:                 # header itself is split
+                self.rec_buf[self.rec_have] = b[p]
+                self.rec_have += 1
                 p += 1
-                h = self._hdr(self.asm, 0, self.asm_n)
-                if h < 0 or (h == 0 and self.asm_n >= LK_RHDR_MAX):
+                h = self._hdr(self.rec_buf, 0, self.rec_have)
+                if h < 0 or (h == 0 and self.rec_have >= LK_RHDR_MAX):
                     self.c_proto += 1
-                    self.asm_n = 0
+                    self.rec_have = 0
                     return
                 if h > 0:
-                    if self.h_len > self.max_message:
+                    if self.hdr_len > self.max_message:
                         self.c_proto += 1
-                        self.asm_n = 0
-                        self.skip = self.h_len
+                        self.rec_have = 0
+                        self.skip = self.hdr_len
                         continue
-                    self.asm_t = self.h_type
-                    self.asm_s = self.h_slot
-                    self.asm_l = self.h_len
-                    self.asm_h = h
-                    self.asm_need = h + self.h_len
+                    self.rec_type = self.hdr_type
+                    self.rec_slot = self.hdr_slot
+                    self.rec_length = self.hdr_len
+                    self.rec_header_have = h
+                    self.rec_need = h + self.hdr_len
             else:
-                k = self.asm_need - self.asm_n
+                k = self.rec_need - self.rec_have
                 if k > end - p:
                     k = end - p
-                copy_into(self.asm, self.asm_n, b, p, k)
-                self.asm_n += k
+                copy_into(self.rec_buf, self.rec_have, b, p, k)
+                self.rec_have += k
                 p += k
-            if self.asm_need and self.asm_n == self.asm_need:
-                self.asm_n = 0
-                self.asm_need = 0
+            if self.rec_need and self.rec_have == self.rec_need:
+                self.rec_have = 0
+                self.rec_need = 0
                 self.c_frag_rx += 1
-                self.handler.link_message(self.asm_t, self.asm_s, self.asm, self.asm_h, self.asm_l, True)
+                self.handler.link_message(self.rec_type, self.rec_slot, self.rec_buf, self.rec_header_have, self.rec_length, True)
 
     def _be_body(self, b, p, end):
         while p < end:
             h = self._hdr(b, p, end)
-            if h <= 0 or p + h + self.h_len > end:
+            if h <= 0 or p + h + self.hdr_len > end:
                 self.c_proto += 1
                 return
             p += h
-            self.handler.link_message(self.h_type, self.h_slot, b, p, self.h_len, False)
-            p += self.h_len
+            self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, False)
+            p += self.hdr_len
 
     def _be_frag(self, b, p, end, seq, now):
-        if self.b_active and seq == self.b_seq:
+        if self.frag_active and seq == self.frag_seq:
             self.c_dup += 1
             return
         p = self._varint(b, p, end, 21)  # a fragment is whole: incomplete is malformed too
         if p <= 0:
             self.c_proto += 1
             return
-        tot = self.h_var
+        tot = self.hdr_var
         p = self._varint(b, p, end, 21)
         if p <= 0:
             self.c_proto += 1
             return
-        o = self.h_var
+        o = self.hdr_var
         k = end - p
         if o == 0:
-            if self.b_active:
+            if self.frag_active:
                 self.c_frag_drop += 1
-            if tot > len(self.basm):
+            if tot > len(self.frag_buf):
                 self.c_proto += 1
-                self.b_active = False
+                self.frag_active = False
                 return
-            self.b_active = True
-            self.b_total = tot
-            self.b_n = 0
-            self.b_t = now
-        elif not self.b_active or o != self.b_n or tot != self.b_total or \
-                seq != ((self.b_seq + 1) & 255):
-            if self.b_active:
+            self.frag_active = True
+            self.frag_total = tot
+            self.frag_have = 0
+            self.frag_started_at = now
+        elif not self.frag_active or o != self.frag_have or tot != self.frag_total or \
+                seq != ((self.frag_seq + 1) & 255):
+            if self.frag_active:
                 self.c_frag_drop += 1    # a fragment was lost: the message is gone
-                self.b_active = False
+                self.frag_active = False
             return
-        if self.b_n + k > self.b_total:
+        if self.frag_have + k > self.frag_total:
             self.c_proto += 1
-            self.b_active = False
+            self.frag_active = False
             return
-        copy_into(self.basm, self.b_n, b, p, k)
-        self.b_n += k
-        self.b_seq = seq
+        copy_into(self.frag_buf, self.frag_have, b, p, k)
+        self.frag_have += k
+        self.frag_seq = seq
         self.c_frag_rx += 1
-        if self.b_n == self.b_total:
-            self.b_active = False
-            self._be_body(self.basm, 0, self.b_total)
+        if self.frag_have == self.frag_total:
+            self.frag_active = False
+            self._be_body(self.frag_buf, 0, self.frag_total)
 
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------
 
-def _lk_json(buf, off, n):
+def link_record_json(buf, off, n):
+    """The JSON body of a control record (registrations, results, stats), or None if empty."""
     if n == 0:
         return None
     return json.loads(bytes(buf[off:off + n]).decode())
 
 
-def _lk_enc(obj):
+def link_record_body(obj):
     return json.dumps(obj).encode()
 
 
@@ -2135,10 +2399,9 @@ class LinkRosPort:
         self.c_congested = 0
         self.c_too_large = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
-        self._cnt = bytearray(4)
 
     def _ctl(self, t, slot, obj):
-        b = _lk_enc(obj) if obj is not None else b""
+        b = link_record_body(obj) if obj is not None else b""
         return self.s.send(t, slot, b, 0, len(b), True, True)
 
     # RosPort
@@ -2179,7 +2442,7 @@ class LinkRosPort:
                                         "link send buffer full; reliable message dropped")
 
     def send_stats(self, d):
-        b = _lk_enc(d)
+        b = link_record_body(d)
         return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
 
     def rebase(self, d):
@@ -2214,200 +2477,15 @@ class LinkRosPort:
             if sink is not None and n >= 4:
                 sink.ros_sub_count(slot, buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16))
         elif t == LK_T_CHELLO:
-            d = _lk_json(buf, off, n) or {}
+            d = link_record_json(buf, off, n) or {}
             self.distro = d.get("distro")
             self.ros_is_up = True
             if sink is not None:
                 sink.ros_up(self.distro, self.max_message())
         elif t == LK_T_RESULT or t == LK_T_ERROR:
-            d = _lk_json(buf, off, n) or {}
+            d = link_record_json(buf, off, n) or {}
             if sink is not None:
                 f = sink.ros_result if t == LK_T_RESULT else sink.ros_error
                 f(d.get("kind"), slot, d.get("code"), d.get("message"))
         else:
             self.s.c_proto += 1
-
-
-class LinkCompanionEnd:
-    """Companion end: link records become RosPort calls on `companion`; this
-    object is the companion's GatewaySink (not thread-safe: call it from the
-    loop that drives the session)."""
-
-    def __init__(self, session, companion):
-        self.s = session
-        session.handler = self
-        self.companion = companion
-        self.regs = {}        # key (slot*2 + is_sub) -> registration body (bytes)
-        self.results = {}     # key -> (code, message) of the last ros_result
-        self.sub_rel = {}     # sub slot -> reliable?
-        self.had = False
-        self._rep = {}
-        self.c_congested = 0
-        self.c_too_large = 0
-        self.down_at = -1     # when the link went down (ms); -1 while up or already expired
-        self._cnt = bytearray(4)
-
-    def _ctl(self, t, slot, obj):
-        b = _lk_enc(obj) if obj is not None else b""
-        return self.s.send(t, slot, b, 0, len(b), True, True)
-
-    # link handler
-    def link_up(self, fresh):
-        self.down_at = -1
-        if fresh:
-            if self.had:
-                self.companion.reset()     # a new gateway: release the old one's objects
-            self.regs.clear()
-            self.results.clear()
-            self.sub_rel.clear()
-        self.had = True
-        f = getattr(self.companion, "set_max_message", None)
-        if f is not None:
-            f(self.s.max_send())           # the companion drops bigger ROS messages up front
-        self._ctl(LK_T_CHELLO, 0, {"distro": getattr(self.companion, "distro", None)})
-
-    def link_down(self):
-        # Keep everything: it may be a glitch. expire() releases it if the gateway stays away.
-        self.down_at = self.s.now
-
-    def expire(self, now, after_ms):
-        """Release everything the gateway registered once the link has been down `after_ms`:
-        a session that ends without being resumed must not leave ROS entities behind. If the
-        same session comes back later, the gateway hands its registrations over again (ros_up).
-        True when it released."""
-        if self.down_at < 0 or now - self.down_at < after_ms:
-            return False
-        self.down_at = -1
-        self.companion.reset()
-        self.regs.clear()
-        self.results.clear()
-        self.sub_rel.clear()
-        return True
-
-    def link_message(self, t, slot, buf, off, n, reliable):
-        c = self.companion
-        if t == LK_T_PUB:
-            c.publish(slot, buf, off, n, reliable)
-        elif t == LK_T_ADV or t == LK_T_SUB:
-            sub = 1 if t == LK_T_SUB else 0
-            key = slot * 2 + sub
-            body = bytes(buf[off:off + n])
-            old = self.regs.get(key)
-            if old == body:
-                # re-sent after a resumed session: answer from the cache
-                r = self.results.get(key)
-                if r is not None:
-                    self._ctl(LK_T_RESULT, slot, {"kind": "sub" if sub else "pub",
-                                                  "code": r[0], "message": r[1]})
-                return
-            if old is not None:
-                if sub:
-                    c.unsubscribe(slot)
-                else:
-                    c.unadvertise(slot)
-                self.results.pop(key, None)
-            self.regs[key] = body
-            d = json.loads(body.decode())
-            if sub:
-                q = d.get("qos") or {}
-                self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
-                c.subscribe(slot, d["topic"], d["type"], d.get("qos"))
-            else:
-                c.advertise(slot, d["topic"], d["type"], d.get("qos"))
-        elif t == LK_T_UNADV or t == LK_T_UNSUB:
-            sub = 1 if t == LK_T_UNSUB else 0
-            key = slot * 2 + sub
-            if self.regs.pop(key, None) is not None:
-                self.results.pop(key, None)
-                if sub:
-                    self.sub_rel.pop(slot, None)
-                    c.unsubscribe(slot)
-                else:
-                    c.unadvertise(slot)
-        elif t == LK_T_STATS:
-            f = getattr(c, "gateway_stats", None)
-            if f is not None:
-                f(_lk_json(buf, off, n))
-        else:
-            self.s.c_proto += 1
-
-    # GatewaySink
-    def ros_up(self, distro, max_message):
-        pass
-
-    def ros_down(self):
-        pass
-
-    def ros_result(self, kind, slot, code, message):
-        key = slot * 2 + (1 if kind == "sub" else 0)
-        if code is None:
-            self.results[key] = (code, message)
-        else:
-            self.regs.pop(key, None)       # the gateway drops failed registrations
-            self.results.pop(key, None)
-        self._ctl(LK_T_RESULT, slot, {"kind": kind, "code": code, "message": message})
-
-    def ros_error(self, kind, slot, code, message):
-        self._ctl(LK_T_ERROR, slot, {"kind": kind, "code": code, "message": message})
-
-    def ros_message(self, slot, buf, off, n):
-        rel = self.sub_rel.get(slot, True)
-        r = self.s.send(LK_T_MSG, slot, buf, off, n, rel, False)
-        if r == LK_OK:
-            return
-        if r == LK_TOO_LARGE:
-            self.c_too_large += 1
-            code = "message_too_large"
-            msg = "ROS message of %d bytes exceeds the gateway's maximum of %d" % (n, self.s.max_send())
-        elif rel:
-            self.c_congested += 1
-            code = "link_congested"
-            msg = "link send buffer full; reliable message dropped"
-        else:
-            return
-        t = self._rep.get(slot)
-        now = self.s.now
-        if t is None or now - t >= 1000:
-            self._rep[slot] = now
-            self.ros_error("sub", slot, code, msg)
-
-    def ros_sub_count(self, slot, count):
-        b = self._cnt
-        struct.pack_into("<I", b, 0, count)
-        self.s.send(LK_T_SUBCOUNT, slot, b, 0, 4, True, True)
-
-    def rebase(self, d):
-        """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
-        self.s.rebase(d)
-        for k in self._rep:
-            self._rep[k] -= d
-        if self.down_at >= 0:
-            self.down_at -= d
-
-    def counters(self):
-        d = self.s.counters()
-        d["msg_congested"] = self.c_congested
-        d["msg_too_large"] = self.c_too_large
-        return d
-
-
-# ---------------------------------------------------------------------------------------------
-# Entry point: `python ubrb_min.py ...` runs the port for the runtime it finds itself on.
-# ---------------------------------------------------------------------------------------------
-def main(argv=None):
-    # The port imports `ubrb_min`; make that name this very module instead of a second copy.
-    sys.modules["ubrb_min"] = sys.modules[__name__]
-    if IS_MICROPYTHON:
-        from ports.micropython import gateway as port  # type: ignore
-    else:
-        import os
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.insert(0, here)
-        from ports.cpython import gateway as port  # type: ignore
-    return port.main(sys.argv[1:] if argv is None else argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ubrb_min as L  # noqa: E402
-from ports.cpython import link_transport as LT  # noqa: E402
 
 
 class Sink:
@@ -66,7 +65,7 @@ def stream(datagram: bool, frame: int, size: int, count: int, reliable: bool,
                 a.send(L.LK_T_PUB, 1, msg, 0, size, reliable)
                 queued += 1
         else:
-            while queued < count and (a.r_total if reliable else a.be_n) < 4 * frame:
+            while queued < count and (a.rel_queued if reliable else a.be_n) < 4 * frame:
                 # best effort: one slot per message (a slot keeps only its newest)
                 a.send(L.LK_T_PUB, queued % 200, msg, 0, size, reliable)
                 queued += 1
@@ -87,8 +86,8 @@ def stream(datagram: bool, frame: int, size: int, count: int, reliable: bool,
 
 def main() -> None:
     rows = []
-    for name, dg, frame in (("serial", False, LT.SERIAL_FRAME), ("serial 1K", False, 1024),
-                            ("serial 2K", False, 2048), ("udp", True, LT.DEFAULT_MTU)):
+    for name, dg, frame in (("serial", False, L.LINK_SERIAL_FRAME), ("serial 1K", False, 1024),
+                            ("serial 2K", False, 2048), ("udp", True, L.LINK_DEFAULT_MTU)):
         for size in (64, 1024):
             for rel in (True, False):
                 f, both, ovh = stream(dg, frame, size, 3000 if size == 64 else 600, rel)

@@ -32,22 +32,32 @@ def now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _core() -> Any:
-    # ubrb_min.py sits at the repository root (or is installed next to this package).
+def _use_source_tree() -> None:
+    """Running from a checkout (not installed): the core (ubrb_min.py) is at the repository root
+    and the shared CPython runtime (ubrb_host) in ports/cpython/. Installed, both are top-level
+    modules already and nothing is added."""
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    import ubrb_min
+    runtime = os.path.join(root, "ports", "cpython")
+    if not os.path.isdir(os.path.join(runtime, "ubrb_host")):
+        return  # installed
+    for path in (runtime, root):
+        if path not in sys.path:
+            sys.path.insert(0, path)
 
-    return ubrb_min
+
+_use_source_tree()
+
+import ubrb_min as core  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
+from ubrb_host import link as host_link  # noqa: E402
+from ubrb_host.loop import GatewayServer, mapped_buffer  # noqa: E402
+
+from .link_end import LinkCompanionEnd  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ports.cpython.gateway import LIMIT_HELP
-
-    core = _core()
     p = argparse.ArgumentParser(
         prog="python -m ros_side",
         description=(
@@ -56,15 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     m = p.add_argument_group("mode")
-    m.add_argument(
-        "--link",
-        default=None,
-        metavar="URL",
-        help=f"udp://HOST:PORT to bind, or serial:PATH (any pyserial URL); default {DEFAULT_LINK}",
-    )
-    m.add_argument("--baud", type=int, default=115200, help="serial baud rate (default 115200)")
-    m.add_argument(
-        "--link-mtu", type=int, default=1400, metavar="BYTES", help="largest UDP datagram (1400)"
+    host_cli.add_link_arguments(
+        m,
+        None,
+        f"udp://HOST:PORT to bind, or serial:PATH (any pyserial URL); default {DEFAULT_LINK}",
     )
     m.add_argument(
         "--max-message",
@@ -88,14 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="direct mode: serve UBRB clients on this TCP address, no gateway host",
     )
-    d = p.add_argument_group("direct mode limits")
-    d.add_argument("--profile", default="pc", choices=sorted(core.PROFILES), help="default pc")
-    for key, text in LIMIT_HELP.items():
-        d.add_argument("--" + key.replace("_", "-"), type=int, default=None, metavar="N", help=text)
+    host_cli.add_limit_arguments(p.add_argument_group("direct mode limits"), "pc")
     add_arguments(p)
-    p.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+    host_cli.add_log_argument(p)
     return p
 
 
@@ -129,17 +129,16 @@ def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
 
 
 def run_direct(args: argparse.Namespace) -> int:
-    core = _core()
-    from ports.cpython.gateway import GatewayServer, load_profile, make_logger, parse_hostport
-
-    profile = load_profile(args, "ros_side")
+    profile = host_cli.load_profile(args, "ros_side")
     if profile is None:
         return 2
+    host_cli.log_budget(args.profile, profile)
     companion = make_companion(args, None, profile["max_payload"])
     declare_parameters(companion, args)
-    gw = core.Gateway(profile, ros=companion, log=make_logger())
+    gw = core.Gateway(profile, ros=companion, log=host_cli.make_logger(), new_buffer=mapped_buffer)
     try:
-        server = GatewayServer(gw, parse_hostport(args.listen), link=CompanionPump(companion))
+        server = GatewayServer(gw, host_cli.parse_hostport(args.listen),
+                               link=CompanionPump(companion))
     except OSError as e:
         companion.close()
         print(f"ros_side: cannot listen on {args.listen}: {e}", file=sys.stderr)
@@ -170,15 +169,16 @@ def run_direct(args: argparse.Namespace) -> int:
 
 
 def run_link(args: argparse.Namespace) -> int:
-    from ports.cpython.link_transport import MAX_MESSAGE_CAP, open_companion_link
-
-    max_message = min(args.max_message or MAX_MESSAGE_CAP, MAX_MESSAGE_CAP)
+    max_message = min(args.max_message or core.LINK_MAX_MESSAGE, core.LINK_MAX_MESSAGE)
     companion = make_companion(args, None, max_message)
     declare_parameters(companion, args)
     try:
-        end, driver = open_companion_link(
-            args.link, companion, baud=args.baud, mtu=args.link_mtu, max_message=max_message
+        if core.parse_link_url(args.link)[0] == "none":
+            raise ValueError("the companion needs a link (udp://HOST:PORT or serial:PATH)")
+        session, driver = host_link.open_link(
+            args.link, False, max_message, baud=args.baud, mtu=args.link_mtu
         )
+        end = LinkCompanionEnd(session, companion)
     except (OSError, RuntimeError, ValueError) as e:
         companion.close()
         print(f"ros_side: cannot open link {args.link}: {e}", file=sys.stderr)
@@ -241,10 +241,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     argv = ros_params_as_flags(raw) + strip_ros_args(raw)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    host_cli.setup_logging(args.log_level)
     if args.listen and args.link:
         print("ros_side: choose --link (companion) or --listen (direct mode), not both", file=sys.stderr)
         return 2

@@ -1,416 +1,18 @@
-# The MicroPython port of the gateway (ESP32 / Pico W): TCP server for UBRB clients + the link.
+# The MicroPython port of the gateway (ESP32 / Pico W): the program - options, Wi-Fi, start-up.
 #
-# `ubrb_min.main()` lands here under MicroPython; on a board, main.py calls
-# `ubrb_min.main([...flags...])` or `gateway.main({...options...})` (see README.md next to this
-# file). Everything protocol-shaped lives in ubrb_min (sans-IO); this module moves bytes and keeps
-# time. The counterpart of ports/cpython/gateway.py, with MicroPython APIs:
-#
-#   * one select.poll() for the listener, the clients and the link; events are read with ipoll()
-#     (allocation-free, callee-owned tuples) and handled after the iteration, so the poll set is
-#     never modified while it is being iterated;
-#   * readinto() straight into each session's decoder buffer: at decoder.fill == 0 (the usual
-#     case: every frame of the last read was whole) into decoder.buf itself, which allocates
-#     nothing; otherwise into a slice of a memoryview made once per session (MicroPython's
-#     readinto(buf, n) writes at the start of buf, and a memoryview slice is one 16-byte heap
-#     object on 32-bit ports: one per read that continues a partial frame, measured in
-#     tests/core/test_mp_port.py);
-#   * write(buf, off, n) straight from each send queue (a stream method of every MicroPython
-#     socket: no slice, no allocation);
-#   * time.ticks_ms()/ticks_diff() turned into a non-wrapping millisecond clock for the core.
-#
-# The I/O modules (socket, select, time, machine, network, config) are looked up in an `IO`
-# object, built from the real modules by default; tests pass fakes (tests/core/mp_fakes.py).
+# `micropython ubrb_min.py ...` lands in main() here (the core's launcher block); on a board,
+# main.py calls `gateway.main([...flags...])` or `gateway.main({...options...})` (see README.md
+# next to this file). The counterpart of ports/cpython/gateway.py; the loop is loop.py, the link
+# link.py, as ubrb_host.loop and ubrb_host.link are on CPython.
 import sys
 import gc
 
 import ubrb_min as core
 from ports.micropython import link as mlink
-
-try:
-    import socket as _socket
-except ImportError:  # the WebAssembly build used by the tests has none
-    _socket = None  # type: ignore[assignment]
-try:
-    import select as _select
-except ImportError:
-    _select = None  # type: ignore[assignment]
-try:
-    import time as _time
-except ImportError:
-    _time = None  # type: ignore[assignment]
-try:
-    import machine as _machine
-except ImportError:
-    _machine = None
-try:
-    import network as _network
-except ImportError:
-    _network = None
+from ports.micropython.loop import GatewayLoop, Log, STATS_MS, default_io, parse_hostport
 
 DEFAULT_LISTEN = "0.0.0.0:8268"
-ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
-POLL_MS = 50  # longest poll() wait: the core's and the link's timers need tick() this often
-STATS_MS = 1000  # gateway counters to the companion (its /diagnostics); 0: never
-MAX_READS = 4  # reads per client per wake-up, so one busy client cannot starve the others
-MAX_WRITES = 4
 WIFI_TIMEOUT_S = 20
-LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-
-
-class IO:
-    """The modules the port talks to the world through; None where the port has none."""
-
-    def __init__(self, socket=None, select=None, time=None, machine=None, network=None,
-                 config=None):
-        self.socket = socket
-        self.select = select
-        self.time = time
-        self.machine = machine
-        self.network = network
-        self.config = config  # a module/object with WIFI_SSID, WIFI_PASSWORD, GATEWAY (optional)
-
-
-def default_io():
-    try:
-        import config  # type: ignore  # optional config.py on the board
-    except ImportError:
-        config = None
-    return IO(_socket, _select, _time, _machine, _network, config)
-
-
-# The clock is moved back by REBASE_STEP whenever it reaches REBASE_AT: times stay below 2**30.
-REBASE_AT = 1 << 29
-REBASE_STEP = 1 << 28
-
-
-class Clock:
-    """time.ticks_ms() wraps (at 2**30 ms on most ports, ~12.4 days); the core wants an int of
-    milliseconds that never goes back. Starts at 0; GatewayLoop.rebase keeps it below 2**30 so
-    it stays a small int (no heap). Must be read at least every 2**29 ms (ticks_diff's range)."""
-
-    def __init__(self, time_mod):
-        self.t = time_mod
-        self.last = time_mod.ticks_ms()
-        self.now = 0
-
-    def ms(self):
-        t = self.t.ticks_ms()
-        d = self.t.ticks_diff(t, self.last)
-        if d > 0:
-            self.now += d
-            self.last = t
-        return self.now
-
-
-class Log:
-    """print()-based logger with a threshold; also the core's log callable(level, message)."""
-
-    def __init__(self, level="info", out=None):
-        self.threshold = LEVELS.get(level, 20)
-        self.out = out
-
-    def __call__(self, level, msg):
-        if LEVELS.get(level, 20) >= self.threshold:
-            if self.out is not None:
-                self.out(level, msg)
-            else:
-                print("%s %s" % (level.upper(), msg))
-
-
-def parse_hostport(text, default_host="0.0.0.0"):
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = default_host, text
-    try:
-        return host or default_host, int(port)
-    except ValueError:
-        raise ValueError("expected HOST:PORT, got %r" % text)
-
-
-class GatewayLoop:
-    """The poll loop: a listening socket, client sockets, and optionally a link driver."""
-
-    def __init__(self, gw, listen, link=None, ros=None, io=None, clock=None, log=None,
-                 accept_grace_ms=ACCEPT_GRACE_MS, stats_ms=STATS_MS, backlog=2):
-        self.gw = gw
-        self.link = link  # LinkDriver or None
-        self.ros = ros  # LinkRosPort (send_stats) or None
-        self.io = io if io is not None else default_io()
-        self.log = log if log is not None else Log()
-        sk = self.io.socket
-        sel = self.io.select
-        self.POLLIN = sel.POLLIN
-        self.POLLOUT = sel.POLLOUT
-        self.POLLBAD = sel.POLLHUP | sel.POLLERR
-        self.clock = clock if clock is not None else Clock(self.io.time)
-        self.poll = sel.poll()
-        self._ipoll = getattr(self.poll, "ipoll", None) or self.poll.poll  # bound once
-        addr = sk.getaddrinfo(listen[0], listen[1])[0][-1]
-        ls = sk.socket(sk.AF_INET, sk.SOCK_STREAM)
-        ls.setsockopt(sk.SOL_SOCKET, sk.SO_REUSEADDR, 1)
-        ls.bind(addr)
-        ls.listen(backlog)
-        ls.setblocking(False)
-        self.lsock = ls
-        self.listen_addr = listen
-        self.nodelay = getattr(sk, "TCP_NODELAY", None)
-        self.ipproto_tcp = getattr(sk, "IPPROTO_TCP", 6)
-        n = len(gw.clients)
-        self.socks = [None] * n
-        self.mask = [0] * n
-        # One memoryview per session, made now: readinto(mv[fill:], n) when a frame is partial.
-        self.mvs = [memoryview(c.decoder.buf) for c in gw.clients]
-        # Events collected during ipoll(), handled after it: who (0 listener, 1 link, 2+ci) and what.
-        self.ev_who = [0] * (n + 2)
-        self.ev_bits = [0] * (n + 2)
-        self.running = True
-        now = self.clock.ms()
-        self.accepting = False
-        self.accept_at = now + (accept_grace_ms if link is not None else 0)
-        self.stats_ms = stats_ms
-        self.stats_at = now + stats_ms
-        self.poll_ms = POLL_MS  # longest wait in poll(); tests on a fake clock set 0
-        self.link_stream = None
-        if link is not None and link.stream is not None:
-            try:
-                self.poll.register(link.stream, self.POLLIN)
-                self.link_stream = link.stream
-            except (OSError, TypeError, ValueError):
-                link.polled = True  # no poll support on this object: read it every step
-        elif link is not None:
-            link.polled = True
-
-    # -- the loop ---------------------------------------------------------------------------
-    def stop(self):
-        self.running = False
-
-    def serve(self, until=None):
-        """Run until stop(), until() returns True, or Ctrl-C (KeyboardInterrupt); then close."""
-        try:
-            while self.running and not (until is not None and until()):
-                self.step()
-        except KeyboardInterrupt:
-            self.log("info", "interrupted")
-        finally:
-            self.close()
-
-    def step(self):
-        gw = self.gw
-        link = self.link
-        now = self.clock.ms()
-        if now >= REBASE_AT:
-            now = self.rebase(REBASE_STEP)
-        if not self.accepting and (gw.ros_ready or now - self.accept_at >= 0):
-            self.accepting = True
-            self.poll.register(self.lsock, self.POLLIN)
-        timeout = gw.next_deadline(now)
-        if timeout > self.poll_ms:
-            timeout = self.poll_ms
-        if link is not None and (link.wants_write() or link.polled):
-            timeout = 5 if timeout > 5 else timeout
-        k = 0
-        socks = self.socks
-        n = len(socks)
-        for ev in self._ipoll(timeout):
-            obj = ev[0]
-            if obj is self.lsock:
-                who = 0
-            elif obj is self.link_stream:
-                who = 1
-            else:
-                who = -1
-                for i in range(n):
-                    if socks[i] is obj:
-                        who = i + 2
-                        break
-                if who < 0:
-                    continue
-            if k < len(self.ev_who):
-                self.ev_who[k] = who
-                self.ev_bits[k] = ev[1]
-                k += 1
-        now = self.clock.ms()
-        for j in range(k):
-            who = self.ev_who[j]
-            bits = self.ev_bits[j]
-            if who == 0:
-                self._accept(now)
-            elif who == 1:
-                link.on_readable(now)
-            else:
-                ci = who - 2
-                if bits & (self.POLLIN | self.POLLBAD):
-                    self._read(ci, now)
-                if bits & self.POLLBAD and socks[ci] is not None:
-                    self._drop(ci, "connection lost (poll: hang-up or error)")
-                if bits & self.POLLOUT and socks[ci] is not None:
-                    self._write(ci)
-        if link is not None and link.polled:
-            link.on_readable(now)
-        now = self.clock.ms()
-        gw.tick(now)
-        if link is not None:
-            link.tick(now)
-            if self.stats_ms and now - self.stats_at >= 0:
-                self.stats_at = now + self.stats_ms
-                self._send_stats()
-            link.flush(now)
-        for ci in range(n):
-            if socks[ci] is None:
-                continue
-            if gw.close_overdue(ci, now):
-                self._drop(ci, "closing: last frames not read")
-                continue
-            if gw.clients[ci].queue.pending():
-                self._write(ci)
-            if socks[ci] is not None:
-                self._sync(ci)
-
-    def rebase(self, d):
-        """Move the clock and every stored time `d` ms back, so times stay small ints (ints
-        >= 2**30 are heap objects on 32-bit boards). Returns the new now."""
-        self.clock.now -= d
-        self.accept_at -= d
-        self.stats_at -= d
-        self.gw.rebase(d)
-        if self.ros is not None:
-            self.ros.rebase(d)  # the link session's times too
-        if self.link is not None:
-            self.link.rebase(d)
-        return self.clock.now
-
-    # -- clients ----------------------------------------------------------------------------
-    def _accept(self, now):
-        for _ in range(4):
-            try:
-                r = self.lsock.accept()
-            except OSError:  # EAGAIN: nobody waiting
-                return
-            s = r[0]
-            s.setblocking(False)
-            if self.nodelay is not None:
-                try:
-                    s.setsockopt(self.ipproto_tcp, self.nodelay, 1)
-                except OSError:
-                    pass
-            ci = self.gw.accept(now)
-            if ci < 0:
-                self.log("warning", "refusing %s: too many clients" % (r[1],))
-                try:
-                    s.write(self.gw.reject_frame())
-                except OSError:
-                    pass
-                s.close()
-                continue
-            self.log("info", "client %d connected from %s" % (ci, r[1]))
-            self.socks[ci] = s
-            self.mask[ci] = self.POLLIN
-            self.poll.register(s, self.POLLIN)
-
-    def _read(self, ci, now):
-        s = self.socks[ci]
-        gw = self.gw
-        dec = gw.clients[ci].decoder
-        for _ in range(MAX_READS):
-            space = dec.space()
-            if space == 0:
-                return
-            try:
-                if dec.fill == 0:
-                    n = s.readinto(dec.buf, space)  # no allocation
-                else:
-                    n = s.readinto(self.mvs[ci][dec.fill:], space)  # one memoryview slice
-            except OSError as e:
-                self._drop(ci, "read error: %s" % e)
-                return
-            if n is None:  # EAGAIN
-                return
-            if n == 0:
-                gw.received(ci, 0, now)
-                self._drop(ci, "closed by client")
-                return
-            gw.received(ci, n, now)
-            if gw.wants_close(ci) or n < space:
-                return
-
-    def _write(self, ci):
-        s = self.socks[ci]
-        q = self.gw.clients[ci].queue
-        for _ in range(MAX_WRITES):
-            n = q.pending()
-            if n == 0:
-                break
-            try:
-                k = s.write(q.buf, q.head, n)
-            except OSError as e:
-                self._drop(ci, "write error: %s" % e)
-                return
-            if not k:  # None: EAGAIN
-                break
-            q.sent(k)
-            if k < n:
-                break
-        if q.pending() == 0 and self.gw.wants_close(ci):
-            self._drop(ci, self.gw.clients[ci].close_reason)
-
-    def _sync(self, ci):
-        m = 0 if self.gw.wants_close(ci) else self.POLLIN
-        if self.gw.clients[ci].queue.pending():
-            m |= self.POLLOUT
-        if m == 0:
-            m = self.POLLOUT  # still flushing before close
-        if m != self.mask[ci]:
-            self.mask[ci] = m
-            self.poll.modify(self.socks[ci], m)
-
-    def _drop(self, ci, reason):
-        s = self.socks[ci]
-        if s is None:
-            return
-        self.socks[ci] = None
-        self.mask[ci] = 0
-        try:
-            self.poll.unregister(s)
-        except (OSError, KeyError, ValueError):
-            pass
-        try:
-            s.close()
-        except OSError:
-            pass
-        self.gw.closed(ci, reason)
-
-    def _send_stats(self):
-        ros = self.ros
-        if ros is None or not ros.s.is_up():
-            return
-        stats = self.gw.counters()
-        lc = self.link.counters()
-        for k in lc:
-            stats["link_" + k] = lc[k]
-        ros.send_stats(stats)
-
-    def close(self):
-        for ci in range(len(self.socks)):
-            self._drop(ci, "gateway shutting down")
-        if self.accepting:
-            try:
-                self.poll.unregister(self.lsock)
-            except (OSError, KeyError, ValueError):
-                pass
-            self.accepting = False
-        try:
-            self.lsock.close()
-        except OSError:
-            pass
-        if self.link is not None:
-            if self.link_stream is not None:
-                try:
-                    self.poll.unregister(self.link_stream)
-                except (OSError, KeyError, ValueError):
-                    pass
-                self.link_stream = None
-            self.link.close()
-        self.running = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,16 +26,9 @@ OPTIONS = (
     ("baud", "i", 115200, "UART baud rate; writes are paced to baud/10 bytes/s"),
     ("tx", "i", None, "UART TX pin (default: the board's pin for that UART)"),
     ("rx", "i", None, "UART RX pin"),
-    ("link_mtu", "i", mlink.DEFAULT_MTU, "largest UDP datagram on the link"),
+    ("link_mtu", "i", core.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
     ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(core.PROFILES))),
-    ("max_clients", "i", None, "UBRB client connections served at once"),
-    ("max_pubs", "i", None, "publisher ids per client"),
-    ("max_subs", "i", None, "subscription ids per client"),
-    ("max_topics", "i", None, "topic slots (for publishers and again for subscriptions)"),
-    ("max_payload", "i", None, "largest PUBLISH/MESSAGE payload in bytes"),
-    ("max_control", "i", None, "largest payload of any other op in bytes"),
-    ("queue_bytes", "i", None, "send queue per client in bytes"),
-    ("control_reserve", "i", None, "bytes of each send queue only control frames may use"),
+) + tuple([(key, "i", None, text) for key, text in core.LIMITS]) + (
     ("log_level", "s", "info", "debug, info, warning or error"),
     ("wifi_ssid", "s", None, "join this Wi-Fi network first (default: config.WIFI_SSID)"),
     ("wifi_password", "s", None, "its password (default: config.WIFI_PASSWORD)"),
@@ -556,8 +151,12 @@ def start(opts, io=None, log=None):
     io = io if io is not None else default_io()
     log = log if log is not None else Log(opts["log_level"])
     profile = profile_from(opts)
+    kind = core.parse_link_url(opts["link"])[0]  # ValueError here, before Wi-Fi, if malformed
+    sizes = None
+    if kind != "none":
+        sizes = core.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
     gc.collect()
-    for line in core.format_budget(opts["profile"], profile).splitlines():
+    for line in core.format_budget(opts["profile"], profile, sizes).splitlines():
         log("info", line)
     ssid = opts["wifi_ssid"]
     pw = opts["wifi_password"]
@@ -571,9 +170,7 @@ def start(opts, io=None, log=None):
         max_message=profile["max_payload"], tx=opts["tx"], rx=opts["rx"],
         max_slots=profile["max_topics"],
     )
-    if drv is not None:
-        log("info", "  link session buffers: %s" % core.human_bytes(drv.buffer_bytes()))
-    else:
+    if drv is None:
         log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")
     gw = core.Gateway(profile, ros=ros, log=log)
     loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,

@@ -1,13 +1,16 @@
 # MicroPython transports for the gateway <-> companion link (docs/LINK.md), and the driver that
 # moves bytes between a transport and the sans-IO LinkSession of ubrb_min.
 #
-# The counterpart of ports/cpython/link_transport.py, gateway end only:
+# The counterpart of ports/cpython/ubrb_host/link.py, gateway end only. The link grammar, the
+# session's buffer sizes, and what to write next with the pacing are the core's
+# (ubrb_min.parse_link_url, link_sizes, LinkOutput), shared with the CPython runtime; this file
+# keeps the I/O calls.
 #
 #   --link udp://HOST:PORT   a UDP socket *connected* to the companion at HOST:PORT (from an
 #                            ephemeral local port). connect() makes the IP stack drop datagrams
 #                            from anyone else (what the CPython driver checks by hand) and lets
 #                            frames go out with write(buf, 0, n), which allocates nothing.
-#   --link uart:ID           machine.UART(ID) at --baud, optional --tx/--rx pins; non-blocking
+#   --link serial:ID         machine.UART(ID) (uart:ID is the same) at --baud, optional --tx/--rx pins; non-blocking
 #                            (timeout=0). Writes are paced to the line rate (baud/10 bytes/s).
 #
 # Hot-path notes (MicroPython):
@@ -19,43 +22,21 @@
 #     several queued datagrams would be concatenated and the one that no longer fits would be
 #     truncated by the stack: a lost frame on every full read under load (and go-back-N resends
 #     the whole window after it). One short-lived object per datagram is the lesser evil.
-#   * Pacing keeps integer "milli-byte" credit: no floats (they allocate), no value >= 2**30.
 #
 # Transports expose: datagram, stream (the object to register with select.poll, or None),
 # recv() -> bytes or None (datagram), readinto(buf) -> n (stream; 0: nothing now),
 # write(buf, off, n) -> n written (0: try later), close().
 import ubrb_min as L
 
-DEFAULT_UDP_PORT = 8269
-DEFAULT_MTU = 1400
-SERIAL_FRAME = 1088  # a 1 KiB message and its headers fit one frame (95 ms at 115200 baud)
-WINDOW = 8  # reliable frames the companion may have in flight towards us (small rx queues)
-PACE_MS = 60  # line time of credit the pacing may bank: a 50 ms loop keeps the line busy
 MAX_READS = 16  # reads per wake-up, so a flood on the link cannot starve the clients
 
 
-def parse_link_url(url):
-    """('udp', host, port), ('uart', id, 0) or ('none', '', 0). ValueError otherwise."""
-    if url in (None, "", "none"):
-        return "none", "", 0
-    if url.startswith("udp://"):
-        rest = url[6:].rstrip("/")
-        host, sep, port = rest.rpartition(":")
-        if not sep:
-            host, port = rest, ""
-        if not host:
-            raise ValueError("udp:// needs the companion's address, e.g. udp://192.0.2.10:8269")
-        try:
-            return "udp", host, int(port) if port else DEFAULT_UDP_PORT
-        except ValueError:
-            raise ValueError("bad port in %r" % url)
-    for pre in ("uart:", "serial:"):
-        if url.startswith(pre):
-            try:
-                return "uart", int(url[len(pre):]), 0
-            except ValueError:
-                raise ValueError("%s needs a UART number, e.g. uart:1 (got %r)" % (pre, url))
-    raise ValueError("unknown link %r: use udp://HOST:PORT, uart:ID or none" % url)
+def uart_id(path):
+    """The UART number of serial:ID / uart:ID (ubrb_min.parse_link_url gives ID as text)."""
+    try:
+        return int(path)
+    except ValueError:
+        raise ValueError("serial: on MicroPython needs a UART number, e.g. uart:1 (got %r)" % path)
 
 
 def new_epoch(time_mod=None):
@@ -81,11 +62,12 @@ def new_epoch(time_mod=None):
 class UdpTransport:
     datagram = True
 
-    def __init__(self, socket_mod, select_mod, host, port, mtu=DEFAULT_MTU):
+    def __init__(self, socket_mod, select_mod, host, port, mtu=L.LINK_DEFAULT_MTU):
         addr = socket_mod.getaddrinfo(host, port)[0][-1]
         s = socket_mod.socket(socket_mod.AF_INET, socket_mod.SOCK_DGRAM)
-        try:
-            s.bind(("0.0.0.0", 0))  # an ephemeral port; connect() would also pick one
+        try:  # an ephemeral port; connect() would also pick one. An address from getaddrinfo:
+            # the unix port takes no (host, port) tuples.
+            s.bind(socket_mod.getaddrinfo("0.0.0.0", 0)[0][-1])
         except OSError:
             pass
         s.connect(addr)
@@ -143,7 +125,7 @@ class UartTransport:
             # the driver's rings: rx holds ~100 ms of line time (the loop polls every <= 50 ms),
             # tx holds what the pacing lets out at once (its credit plus one frame)
             "rxbuf": max(1024, min(8192, pace // 10)),
-            "txbuf": min(8192, pace * PACE_MS // 1000 + SERIAL_FRAME + 64),
+            "txbuf": min(8192, pace * L.LINK_PACE_MS // 1000 + L.LINK_SERIAL_FRAME + 64),
         }
         if tx is not None:
             kw["tx"] = tx
@@ -184,22 +166,11 @@ class LinkDriver:
         self.polled = False  # set by the loop when the stream cannot be registered with poll
         if pace_bps < 0:
             pace_bps = 0 if transport.datagram else transport.baud // 10
-        self.pace = pace_bps  # bytes per second; 0: unpaced
-        self.credit = 0  # in milli-bytes (bytes * 1000), an int
-        self.credit_max = pace_bps * PACE_MS
-        self.last_flush = -1
+        self.out = L.LinkOutput(session, pace_bps)  # the frame in progress and the pacing
         self.rbuf = None if transport.datagram else bytearray(512)
-        self.tx_off = 0
-        self.tx_n = 0
 
     def rebase(self, d):
-        if self.last_flush >= 0:
-            self.last_flush -= d
-
-    def buffer_bytes(self):
-        s = self.s
-        n = len(s.tx_buf) + len(s.rx) + len(s.asm) + len(s.basm) + len(s.rel) + len(s.be)
-        return n + (len(self.rbuf) if self.rbuf is not None else 0)
+        self.out.rebase(d)
 
     def on_readable(self, now):
         t = self.t
@@ -220,39 +191,19 @@ class LinkDriver:
 
     def flush(self, now):
         t = self.t
-        s = self.s
-        if self.pace:
-            if self.last_flush >= 0:
-                dt = now - self.last_flush
-                if dt > PACE_MS:
-                    dt = PACE_MS
-                c = self.credit + dt * self.pace
-                self.credit = c if c < self.credit_max else self.credit_max
-            self.last_flush = now
+        buf = self.s.tx_buf
+        out = self.out
+        out.start(now)
         for _ in range(64):
-            if self.tx_n == 0:
-                if self.pace and self.credit <= 0:
-                    return
-                n = s.poll_tx(now)
-                if n == 0:
-                    return
-                self.tx_off = 0
-                self.tx_n = n
-            k = t.write(s.tx_buf, self.tx_off, self.tx_n)
-            if k <= 0:
-                return
-            self.tx_off += k
-            self.tx_n -= k
-            if self.pace:
-                self.credit -= k * 1000
-            if self.tx_n:
+            n = out.next(now)
+            if n == 0 or not out.wrote(t.write(buf, out.off, n)):
                 return
 
     def tick(self, now):
         self.s.tick(now)
 
     def wants_write(self):
-        return self.tx_n > 0
+        return self.out.n > 0
 
     def counters(self):
         d = self.s.counters()
@@ -263,27 +214,10 @@ class LinkDriver:
         self.t.close()
 
 
-def make_session(datagram, max_message, mtu=DEFAULT_MTU, epoch=None, max_slots=256):
-    """A LinkSession sized for a microcontroller: rings follow the largest message."""
-    mm = max_message
-    return L.LinkSession(
-        None,
-        new_epoch() if epoch is None else epoch,
-        True,
-        datagram,
-        mtu if datagram else SERIAL_FRAME,
-        mm,
-        WINDOW,
-        max(4 * mm, 8192),  # reliable ring (a quarter of it, <= 4 KiB, reserved for control)
-        max(2 * mm + 64, 4096),  # best-effort ring
-        max_slots,  # slots of the gateway's topic tables (+1 for STATS): newest-wins table
-    )
-
-
-def open_gateway_link(io, url, baud=115200, mtu=DEFAULT_MTU, max_message=2048, tx=None, rx=None,
-                      epoch=None, max_slots=256):
+def open_gateway_link(io, url, baud=115200, mtu=L.LINK_DEFAULT_MTU, max_message=2048, tx=None,
+                      rx=None, epoch=None, max_slots=256):
     """(LinkRosPort, LinkDriver) for --link, or (None, None) for 'none'."""
-    kind, where, port = parse_link_url(url)
+    kind, where, port = L.parse_link_url(url)
     if kind == "none":
         return None, None
     if epoch is None:
@@ -292,7 +226,7 @@ def open_gateway_link(io, url, baud=115200, mtu=DEFAULT_MTU, max_message=2048, t
         t = UdpTransport(io.socket, io.select, where, port, mtu)
     else:
         if io.machine is None:
-            raise ValueError("uart: links need the machine module (not on this port)")
-        t = UartTransport(io.machine, where, baud, tx, rx)
-    s = make_session(t.datagram, max_message, mtu, epoch, max_slots)
+            raise ValueError("serial links need the machine module (not on this port)")
+        t = UartTransport(io.machine, uart_id(where), baud, tx, rx)
+    s = L.new_link_session(None, epoch, True, t.datagram, max_message, mtu, max_slots)
     return L.LinkRosPort(s), LinkDriver(t, s)

@@ -10,6 +10,7 @@
 # them; under CPython a small poll object calls the same ioctl().
 
 import ubrb_min as U
+from ros_side.link_end import LinkCompanionEnd
 
 MP = U.IS_MICROPYTHON
 
@@ -585,7 +586,7 @@ class UdpCompanion:
         self.sock = UdpPeer(net, addr, mtu)
         self.ros = ScriptedCompanion(max_message=max_message)
         self.s = U.LinkSession(None, epoch, False, True, mtu, max_message, 16, 65536, 32768)
-        self.end = U.LinkCompanionEnd(self.s, self.ros)
+        self.end = LinkCompanionEnd(self.s, self.ros)
         self.ros.sink = self.end
 
     def pump(self, now):
@@ -609,7 +610,7 @@ class UartCompanion:
         self.uart = uart
         self.ros = ScriptedCompanion(max_message=max_message)
         self.s = U.LinkSession(None, epoch, False, False, 1088, max_message, 8, 65536, 32768)
-        self.end = U.LinkCompanionEnd(self.s, self.ros)
+        self.end = LinkCompanionEnd(self.s, self.ros)
         self.ros.sink = self.end
 
     def pump(self, now):
@@ -633,3 +634,10 @@ def load_port():
     from ports.micropython import gateway, link
 
     return gateway, link
+
+
+def load_loop():
+    """The loop module of ports/micropython (GatewayLoop, IO, Clock, Log)."""
+    from ports.micropython import loop
+
+    return loop

@@ -110,9 +110,9 @@ def test_handshake_roles_and_limits():
     p = Pair(a, b)
     p.up()
     assert a.handler.ups == [True] and b.handler.ups == [True]
-    assert a.p_frame == 300 and b.p_frame == 300
-    assert a.p_msg == 7000 and b.p_msg == 5000
-    assert a.p_win == 4
+    assert a.peer_max_frame == 300 and b.peer_max_frame == 300
+    assert a.peer_max_message == 7000 and b.peer_max_message == 5000
+    assert a.peer_window == 4
     assert a.seed == b.seed
     # two gateways never pair up
     g1 = sess(True, 1)
@@ -178,7 +178,7 @@ def test_reliable_buffer_bounded_control_reserve():
     assert a.send(L.LK_T_ADV, 2, b"{}", 0, 2, True, True) == L.LK_OK
     p.run(500)
     assert len(b.handler.msgs) == n + 1
-    assert a.r_total == 0
+    assert a.rel_queued == 0
 
 
 def test_resync_after_noise_stream():
@@ -280,7 +280,7 @@ def test_best_effort_fragmentation_and_loss():
     drop["on"] = True
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     p.run(50)
-    assert len(b.handler.msgs) == 1 and b.c_frag_drop == 1 and not b.b_active
+    assert len(b.handler.msgs) == 1 and b.c_frag_drop == 1 and not b.frag_active
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     p.run(50)
     assert len(b.handler.msgs) == 2
@@ -288,10 +288,10 @@ def test_best_effort_fragmentation_and_loss():
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     n = a.poll_tx(p.now)
     b.feed(bytes(a.tx_buf[:n]), 0, n, p.now)
-    assert b.b_active
+    assert b.frag_active
     a.be_n = a.be_live = 0  # forget the rest at the sender
     p.run(L.LK_FRAG_MS + 100)
-    assert not b.b_active and b.c_frag_drop == 2
+    assert not b.frag_active and b.c_frag_drop == 2
 
 
 def test_datagram_loss_dup_reorder():
@@ -389,7 +389,7 @@ def test_restart_new_epoch_resets_stream():
     p.up()
     assert p.now - t0 < 300
     assert a.handler.downs == 1 and a.handler.ups == [True, True]  # fresh session
-    assert a.c_rel_reset_bytes > 0 and a.r_total == 0 and a.una == 0
+    assert a.c_rel_reset_bytes > 0 and a.rel_queued == 0 and a.una == 0
     a.send(L.LK_T_PUB, 1, b"new", 0, 3, True)
     p.run(100)
     assert b2.handler.msgs == [(L.LK_T_PUB, 1, b"new", True)]
@@ -433,15 +433,15 @@ def test_window_bounded():
 def test_buffers_never_grow():
     a = sess(True, 1)
     b = sess(False, 2)
-    sizes = [len(x) for x in (a.tx_buf, a.rx, a.asm, a.basm, a.rel, a.be)]
+    sizes = [len(x) for x in (a.tx_buf, a.rx, a.rec_buf, a.frag_buf, a.rel, a.be)]
     p = Pair(a, b)
     p.up()
     for i in range(2000):
         a.send(L.LK_T_PUB, i % 7, bytes(100), 0, 100, i % 2 == 0)
         if i % 50 == 0:
             p.step(1, budget=1)  # a slow link
-    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.asm, a.basm, a.rel, a.be)]
-    assert a.r_total <= len(a.rel) and a.be_n <= len(a.be)
+    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.rec_buf, a.frag_buf, a.rel, a.be)]
+    assert a.rel_queued <= len(a.rel) and a.be_n <= len(a.be)
     assert a.c_drop_rel_full > 0 and a.c_drop_be > 0
 
 

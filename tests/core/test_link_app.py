@@ -1,7 +1,8 @@
 # The app layer over the link: LinkRosPort (gateway end, a RosPort that replays GatewaySink
-# calls) and LinkCompanionEnd (companion end, a GatewaySink that drives a RosPort).
+# calls) and ros_side.link_end.LinkCompanionEnd (companion end, a GatewaySink that drives a RosPort).
 # Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
 import ubrb_min as L
+from ros_side.link_end import LinkCompanionEnd
 from test_link import Pair
 
 QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
@@ -97,7 +98,7 @@ def setup(**kw):
     gw.port = port
     port.sink = gw
     comp = FakeCompanion()
-    end = L.LinkCompanionEnd(cs, comp)
+    end = LinkCompanionEnd(cs, comp)
     comp.sink = end
     p = Pair(gs, cs)
     return p, port, gw, comp, end
@@ -194,7 +195,7 @@ def test_companion_restart_gets_registrations_again():
     p.run(300)
     cs2 = L.LinkSession(None, 404, False)
     comp2 = FakeCompanion("jazzy")
-    end2 = L.LinkCompanionEnd(cs2, comp2)
+    end2 = LinkCompanionEnd(cs2, comp2)
     comp2.sink = end2
     p.b = cs2
     gw.take()

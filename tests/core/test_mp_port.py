@@ -1,4 +1,4 @@
-# The MicroPython port (ports/micropython: gateway.py, link.py) on thin fakes of socket, time and
+# The MicroPython port (ports/micropython: gateway.py, loop.py, link.py) on thin fakes of socket, time and
 # machine (tests/core/mp_fakes.py). Under MicroPython the real select.poll()/ipoll() polls the
 # fakes; the link runs the real LinkSession at both ends. Runs under CPython (pytest) and real
 # MicroPython (tests/mp/run.mjs) alike.
@@ -12,9 +12,10 @@ from tests.support.qos import QOS_BE, QOS_R
 from tests.support.ubrb_frames import advertise, hello, parse_frames, publish, subscribe
 
 G, LK = F.load_port()
+ML = F.load_loop()
 
 MICROPYTHON_ONLY = {
-    "test_ubrb_min_main_lands_in_this_port",
+    "test_launcher_lands_in_this_port_without_a_second_core",
     "test_client_relay_through_the_port_allocates_nothing",
     "test_link_relay_allocation_per_message",
 }
@@ -31,7 +32,7 @@ class Rig:
         self.time = F.FakeTime(ticks)
         self.machine = F.FakeMachine()
         self.network = F.FakeNetwork(self.time)
-        self.io = G.IO(self.net.socket, F.select_module(), self.time, self.machine, self.network,
+        self.io = ML.IO(self.net.socket, F.select_module(), self.time, self.machine, self.network,
                        None)
         self.logged = []
         self.comp = F.UdpCompanion(self.net, COMPANION) if companion and link.startswith("udp") else None
@@ -41,7 +42,7 @@ class Rig:
         for k in opts:
             o[k] = opts[k]
         self.opts = o
-        log = G.Log("debug", self._log)
+        log = ML.Log("debug", self._log)
         self.loop, self.gw, self.ros, self.drv = G.start(o, self.io, log)
         self.loop.poll_ms = 0  # the clock is fake: never wait in poll()
         if link.startswith("uart"):
@@ -119,7 +120,7 @@ def test_options_from_a_dict_and_config_py():
         WIFI_PASSWORD = "secret"
         GATEWAY = {"link": "udp://10.0.0.2:8269", "max_clients": 1, "baud": 57600}
 
-    io = G.IO(None, None, None, None, None, Config)
+    io = ML.IO(None, None, None, None, None, Config)
     o = G.options({"max_clients": 2, "link-mtu": 1200}, io)
     assert o["link"] == "udp://10.0.0.2:8269"  # from config.GATEWAY
     assert o["max_clients"] == 2  # the dict passed to main() wins
@@ -140,26 +141,53 @@ def test_options_from_a_dict_and_config_py():
     assert G.main({"max_payload": 1 << 20}, io) == 2  # queue_bytes cannot hold it
 
 
-def test_ubrb_min_main_lands_in_this_port():
+def test_launcher_lands_in_this_port_without_a_second_core():
+    # `micropython ubrb_min.py --max-clients many`: the file runs as __main__ (exec'd here with
+    # that name); its launcher hands over to this port, which refuses the bad flag before any
+    # I/O, and the __main__ copy never defines the core (the port uses `ubrb_min`, loaded once).
     import sys
 
-    assert U.main(["--max-clients", "many"]) == 2  # a bad flag: refused before any I/O
+    with open(U.__file__) as f:
+        source = f.read()
+    saved = list(sys.argv)
+    sys.argv.clear()
+    sys.argv.extend(["ubrb_min.py", "--max-clients", "many"])
+    g = {"__name__": "__main__", "__file__": U.__file__}
+    try:
+        exec(source, g)
+    except SystemExit as e:
+        code = e.args[0] if e.args else 0
+    else:
+        raise AssertionError("the launcher did not exit")
+    finally:
+        sys.argv.clear()
+        sys.argv.extend(saved)
+    assert code == 2
     assert "ports.micropython.gateway" in sys.modules
+    assert "Gateway" not in g and "LinkSession" not in g
 
 
 def test_link_urls():
-    assert LK.parse_link_url("udp://192.0.2.10:8269") == ("udp", "192.0.2.10", 8269)
-    assert LK.parse_link_url("udp://192.0.2.10") == ("udp", "192.0.2.10", 8269)
-    assert LK.parse_link_url("uart:1") == ("uart", 1, 0)
-    assert LK.parse_link_url("serial:2") == ("uart", 2, 0)
-    assert LK.parse_link_url("none")[0] == "none"
-    for bad in ("udp://", "uart:x", "tcp://a:1", "udp://h:p"):
+    # The core's grammar, as this port reads it: serial:ID and uart:ID name a UART by number.
+    assert U.parse_link_url("udp://192.0.2.10:8269") == ("udp", "192.0.2.10", 8269)
+    assert U.parse_link_url("udp://192.0.2.10") == ("udp", "192.0.2.10", 8269)
+    assert U.parse_link_url("uart:1") == ("serial", "1", 0)
+    assert U.parse_link_url("serial:2") == ("serial", "2", 0)
+    assert LK.uart_id("2") == 2
+    assert U.parse_link_url("none")[0] == "none"
+    for bad in ("udp://", "tcp://a:1", "udp://h:p", "serial:"):
         try:
-            LK.parse_link_url(bad)
+            U.parse_link_url(bad)
         except ValueError:
             pass
         else:
             raise AssertionError(bad)
+    try:
+        LK.uart_id("x")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("uart:x accepted")
     e = LK.new_epoch(F.FakeTime(5))
     assert 0 < e < (1 << 30)
 
@@ -240,7 +268,7 @@ def test_a_large_frame_split_over_many_reads():
 
 
 def test_the_clock_survives_the_ticks_wrap():
-    clock = G.Clock(F.FakeTime(F.TICKS_MASK - 5))
+    clock = ML.Clock(F.FakeTime(F.TICKS_MASK - 5))
     t = clock.t
     t.advance(3)
     assert clock.ms() == 3
@@ -272,7 +300,7 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
     quiet = rig.connect()  # connects but never says HELLO: closed 5 s after its accept
     rig.run(100)
     frames(c)
-    jump = G.REBASE_AT - 3000 - rig.now()
+    jump = ML.REBASE_AT - 3000 - rig.now()
     rig.loop.rebase(-jump)
     rig.comp.s.rebase(-jump)
     # The companion keeps its own continuous clock: the gateway's moves back under it.
@@ -283,7 +311,7 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
         rig.time.advance(10)
         rig.loop.step()
         if rig.now() < last[0]:
-            offset[0] += G.REBASE_STEP
+            offset[0] += ML.REBASE_STEP
         last[0] = rig.now()
         rig.comp.pump(rig.now() + offset[0])
 
@@ -293,8 +321,8 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
             c.send(U.encode_frame(U.OP_PING, b""))  # keep the HELLO'd client alive
         if i == 400:  # 4 s after its accept, 1 s after the rebase: not yet
             assert not quiet.peer_closed
-    assert offset[0] == G.REBASE_STEP, "the loop did not rebase"
-    assert rig.now() < G.REBASE_AT
+    assert offset[0] == ML.REBASE_STEP, "the loop did not rebase"
+    assert rig.now() < ML.REBASE_AT
     assert rig.gw.ros_ready  # the link never noticed
     assert quiet.peer_closed  # its 5 s HELLO deadline ran across the rebase
     assert not c.peer_closed
@@ -303,10 +331,10 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
         step()
     assert ("publish", 0, b"\x00\x01\x00\x00after", True) in rig.comp.ros.calls
     s = rig.ros.s
-    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.nak_t, s.b_t) + tuple(s.f_t):
-        assert t < G.REBASE_AT
+    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.nak_t, s.frag_started_at) + tuple(s.frame_sent_at):
+        assert t < ML.REBASE_AT
     for cl in rig.gw.clients:
-        assert cl.accepted_ms < G.REBASE_AT and cl.last_rx_ms < G.REBASE_AT
+        assert cl.accepted_ms < ML.REBASE_AT and cl.last_rx_ms < ML.REBASE_AT
 
 
 def test_a_client_that_vanishes_is_released():
@@ -432,10 +460,10 @@ def test_wifi_bring_up():
     text = "\n".join(m for lv, m in rig.logged)
     assert "Wi-Fi: connected, address 10.0.0.1" in text
     net = F.FakeNetwork(F.FakeTime())
-    io = G.IO(None, None, net.time, None, net, None)
+    io = ML.IO(None, None, net.time, None, net, None)
     net.WLAN(0).after = 10 ** 6
     try:
-        G.wifi_up(io, "lab", "pw", 2, G.Log("error"))
+        G.wifi_up(io, "lab", "pw", 2, ML.Log("error"))
     except OSError:
         pass
     else:
@@ -467,12 +495,12 @@ def relay_rig():
     """The port's loop with an in-process ROS side (no link): only the port's I/O and the core."""
     net = F.Net()
     t = F.FakeTime()
-    io = G.IO(net.socket, F.select_module(), t, None, None, None)
+    io = ML.IO(net.socket, F.select_module(), t, None, None, None)
     ros = ScriptedRos()
     ros.record = False
     gw = U.Gateway(scripted_profile(), ros=ros)
     ros.up()
-    loop = G.GatewayLoop(gw, ("0.0.0.0", PORT), io=io, log=G.Log("error"))
+    loop = ML.GatewayLoop(gw, ("0.0.0.0", PORT), io=io, log=ML.Log("error"))
     loop.poll_ms = 0
     loop.step()
     pubc = net.connect(PORT, 65536)

@@ -242,3 +242,54 @@ def test_depth_0_and_1_are_the_same_qos():
     a.send(advertise(1, "/x", qos={"reliability": "reliable", "durability": "volatile", "depth": 0}))
     b.send(advertise(1, "/x", qos={"reliability": "reliable", "durability": "volatile", "depth": 1}))
     assert b.errors() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The Registry unit on its own: rules and reference counts, no Gateway around it
+# ---------------------------------------------------------------------------------------------
+def _registry_and_clients(n=2):
+    p = U.make_profile("mcu", {"max_pubs": 2, "max_subs": 2, "max_topics": 2})
+    return U.Registry(p["max_topics"]), [U.ClientSession(i, p) for i in range(n)]
+
+
+def _refused(fn, *args):
+    try:
+        fn(*args)
+    except U.Refused as e:
+        return e.code
+    raise AssertionError("not refused")
+
+
+QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+
+
+def test_registry_shares_a_slot_and_frees_it_with_its_last_holder():
+    reg, (a, b) = _registry_and_clients()
+    s1 = reg.register(a, U.PUB, 1, "/odom", "nav_msgs/msg/Odometry", QOS_R)
+    s2 = reg.register(b, U.PUB, 9, "/odom", "nav_msgs/msg/Odometry", QOS_R)
+    assert s1 == s2 and reg.holders(U.PUB, s1) == 2
+    assert reg.next_on(a, U.PUB, s1, 0) == 0 and reg.next_on(a, U.PUB, s1, 1) == -1
+    assert reg.release(a, U.PUB, 0) == -1  # b still holds it
+    assert reg.holds(U.PUB, s1)
+    assert reg.release(b, U.PUB, reg.find(b, U.PUB, 9)) == s1  # the last holder: slot is free
+    assert not reg.holds(U.PUB, s1) and reg.pubs.used() == 0
+
+
+def test_registry_rules_refuse_with_the_spec_codes():
+    reg, (a, b) = _registry_and_clients()
+    reg.register(a, U.SUB, 1, "/scan", "sensor_msgs/msg/LaserScan", QOS_R)
+    assert _refused(reg.register, a, U.SUB, 1, "/x", "std_msgs/msg/Empty", QOS_R) == "duplicate_id"
+    assert _refused(reg.register, b, U.PUB, 1, "/scan", "std_msgs/msg/String", QOS_R) == (
+        "type_conflict")
+    be = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+    assert _refused(reg.register, b, U.SUB, 1, "/scan", "sensor_msgs/msg/LaserScan", be) == (
+        "qos_conflict")
+    reg.register(a, U.SUB, 2, "/b", "std_msgs/msg/Empty", QOS_R)
+    assert _refused(reg.register, a, U.SUB, 3, "/c", "std_msgs/msg/Empty", QOS_R) == (
+        "resource_exhausted")  # 2 ids per client
+    assert _refused(reg.register, b, U.SUB, 3, "/c", "std_msgs/msg/Empty", QOS_R) == (
+        "resource_exhausted")  # 2 topic slots
+    # Refusals changed nothing: two slots, one holder each, and a's per-slot counts match.
+    assert reg.subs.used() == 2
+    assert reg.holders(U.SUB, reg.subs.find("/scan")) == 1
+    assert a.sub_refs[reg.subs.find("/scan")] == 1 and b.sub_refs[reg.subs.find("/scan")] == 0

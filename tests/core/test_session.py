@@ -223,3 +223,18 @@ def test_a_closing_client_that_stops_reading_is_cut_off_after_2_s():
     assert c.closing()
     assert not gw.close_overdue(c.ci, 6999)  # the port keeps trying to flush it
     assert gw.close_overdue(c.ci, 7000)  # ...but not forever: the peer stopped reading
+
+
+def test_what_the_port_waits_for_on_a_client_socket():
+    # Both ports ask the core (interest, flushed_close) instead of deciding it themselves.
+    gw, ros = gateway()
+    c = Client(gw)
+    assert gw.interest(c.ci) == U.WANT_READ  # nothing queued: read only
+    c.send(hello())
+    assert gw.interest(c.ci) == U.WANT_READ | U.WANT_WRITE  # HELLO_ACK queued
+    c.frames()
+    c.send(U.encode_frame(U.OP_HELLO, b'{"protocol": 9}'))  # unsupported: ERROR, then close
+    assert c.closing() and gw.interest(c.ci) == U.WANT_WRITE  # no more reading, flush first
+    assert not gw.flushed_close(c.ci)  # its ERROR is still queued
+    c.frames()
+    assert gw.flushed_close(c.ci)  # sent: the port closes the socket now

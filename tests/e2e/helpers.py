@@ -14,7 +14,7 @@ domain id is per run as well (220 + pid % 13).
 Bridges (``make_bridge(mode)``):
 
 - ``udp`` / ``serial``: the gateway core with its CPython port (``GatewayServer`` + the link
-  driver from ``open_gateway_link``) runs in a thread of this process, so the tests can read
+  driver from ``ubrb_host.link.open_link``) runs in a thread of this process, so the tests can read
   ``gw.counters()`` and the link counters; the companion is a subprocess. For ``serial`` the two
   ends open the slave sides of two pty pairs whose masters a relay thread joins (no throttling;
   both ends pace their writes to ``--baud``).
@@ -34,8 +34,8 @@ from collections import defaultdict
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import ubrb_min as U
-from ports.cpython import link_transport as LT
-from ports.cpython.gateway import GatewayServer
+from ubrb_host import link as host_link
+from ubrb_host.loop import GatewayServer, mapped_buffer
 from tests.support.dds import LOOPBACK_XML, confine_this_process
 from tests.support.loopback_ports import free_port
 from tests.support.procs import Proc, child_env, wait_for
@@ -168,10 +168,11 @@ class LinkBridge(Bridge):
             gw_url = self.relay.url("gw")
         self.start_companion()
         prof = U.make_profile("pi", overrides)
-        self.ros, self.driver = LT.open_gateway_link(gw_url, baud=SERIAL_BAUD,
-                                                     max_message=prof["max_payload"])
+        session, self.driver = host_link.open_link(gw_url, True, prof["max_payload"],
+                                                   baud=SERIAL_BAUD)
+        self.ros = U.LinkRosPort(session)
         self._count_msg_records()
-        self.gw = U.Gateway(prof, ros=self.ros)
+        self.gw = U.Gateway(prof, ros=self.ros, new_buffer=mapped_buffer)
         self.server = GatewayServer(self.gw, ("127.0.0.1", 0), link=self.driver)
         self.port = int(self.server.address[1])
         self.thread = threading.Thread(target=self.server.serve, args=(self._report_stats,),

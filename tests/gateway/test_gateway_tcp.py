@@ -11,7 +11,7 @@ import time
 import pytest
 
 import ubrb_min as U
-from ports.cpython.gateway import GatewayServer
+from ubrb_host.loop import GatewayServer
 from scripted import ScriptedRos, profile
 from tests.support.procs import ROOT, Proc
 from tests.support.qos import QOS_BE

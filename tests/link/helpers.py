@@ -11,7 +11,8 @@ import socket
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ubrb_min as L
-from ports.cpython import link_transport as LT
+from ros_side.link_end import LinkCompanionEnd
+from ubrb_host import link as host_link
 from tests.support.clock import VirtualClock
 from tests.support.ptys import PtyCable
 
@@ -101,23 +102,23 @@ class FakeCompanion:
 
 class GatewayEnd:
     def __init__(self, url: str, epoch: int, **kw: Any) -> None:
-        self.t = LT.open_link(url, True)
-        self.s = LT.session_for(self.t, True, kw.pop("max_message", 65536), epoch=epoch, **kw)
+        self.s, self.d = host_link.open_link(url, True, kw.pop("max_message", 65536), epoch=epoch,
+                                             **kw)
+        self.t = self.d.t
         self.port = L.LinkRosPort(self.s)
         self.gw = FakeGateway()
         self.gw.port = self.port
         self.port.sink = self.gw
-        self.d = LT.LinkDriver(self.t, self.s)
 
 
 class CompanionEnd:
     def __init__(self, url: str, epoch: int, **kw: Any) -> None:
-        self.t = LT.open_link(url, False)
-        self.s = LT.session_for(self.t, False, kw.pop("max_message", 65536), epoch=epoch, **kw)
+        self.s, self.d = host_link.open_link(url, False, kw.pop("max_message", 65536), epoch=epoch,
+                                             **kw)
+        self.t = self.d.t
         self.comp = FakeCompanion()
-        self.end = L.LinkCompanionEnd(self.s, self.comp)
+        self.end = LinkCompanionEnd(self.s, self.comp)
         self.comp.sink = self.end
-        self.d = LT.LinkDriver(self.t, self.s)
 
 
 class World(VirtualClock):

@@ -122,7 +122,7 @@ def test_udp_peer_locked_foreign_ignored_and_restarts() -> None:
 
 
 def test_udp_parse_urls() -> None:
-    from ports.cpython.link_transport import parse_link_url
+    from ubrb_min import parse_link_url
 
     assert parse_link_url("udp://10.0.0.2:9000") == ("udp", "10.0.0.2", 9000)
     assert parse_link_url("udp://[::1]:9000") == ("udp", "::1", 9000)

@@ -158,12 +158,14 @@ async function main(args) {
   // The files every instance gets: the top-level modules (ubrb_min.py and any other *.py at the
   // repository root), all of tests/core (test modules and helpers) and the shared test helpers
   // (the package tests.support; tests/core imports only its MicroPython-compatible modules).
-  // The core, the MicroPython port (ports/__init__.py + ports/micropython/) and the dual-runtime
-  // tests with their helpers.
+  // The core, the MicroPython port (ports/__init__.py + ports/micropython/), the companion's link
+  // end and the dual-runtime tests with their helpers.
   const common = [
     ...pyFiles(ROOT),
     ...pyFiles(path.join(ROOT, "ports")),
     ...pyFiles(path.join(ROOT, "ports", "micropython")),
+    // the companion's link end, opposite the port in tests/core/mp_fakes.py
+    ...["__init__.py", "errors.py", "link_end.py"].map((f) => path.join(ROOT, "ros_side", f)),
     ...pyFiles(CORE_DIR),
     path.join(ROOT, "tests", "__init__.py"),
     ...pyFiles(SUPPORT_DIR),

@@ -1,6 +1,6 @@
-"""CPython transports for the gateway <-> companion link (docs/LINK.md).
+"""CPython transports for the gateway <-> companion link (docs/LINK.md), for both ends.
 
-`open_link(url, gateway)` gives a transport:
+`open_transport(url, gateway)` gives a transport for a link URL (grammar: ubrb_min.parse_link_url):
 
 - ``udp://HOST:PORT``: the gateway sends to the companion at HOST:PORT from an ephemeral local
   port; the companion binds HOST:PORT and locks onto the first peer whose HELLO it accepts.
@@ -28,37 +28,13 @@ import ubrb_min as L
 
 log = logging.getLogger("ubrb.link")
 
-DEFAULT_UDP_PORT = 8269
-DEFAULT_MTU = 1400
-SERIAL_FRAME = 1088           # serial frame cap: a 1 KiB message and its headers fit one frame (95 ms at 115200)
 REOPEN_MS = 500
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
-MAX_MESSAGE_CAP = (1 << 23) - 64
 
 
 def new_epoch() -> int:
     """Random per process start, < 2**30 (a small int on MicroPython too), never 0."""
     return (int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF) or 1
-
-
-def parse_link_url(url: str) -> Tuple[str, str, int]:
-    """('udp', host, port) or ('serial', path, 0)."""
-    if url.startswith("udp://"):
-        rest = url[6:].rstrip("/")
-        if rest.startswith("["):
-            host, _, port = rest[1:].partition("]")
-            port = port.lstrip(":")
-        else:
-            host, _, port = rest.rpartition(":")
-            if not host:
-                host, port = rest, ""
-        return "udp", host or "127.0.0.1", int(port) if port else DEFAULT_UDP_PORT
-    if url.startswith("serial:"):
-        path = url[7:]
-        if not path:
-            raise ValueError("serial: needs a device path or pyserial URL")
-        return "serial", path, 0
-    raise ValueError(f"unknown link {url!r}: use udp://HOST:PORT or serial:PATH")
 
 
 def _is_hello(buf: Any, n: int) -> bool:
@@ -203,11 +179,14 @@ class SerialTransport:
         self.fd = -1
 
 
-def open_link(url: str, gateway: bool, baud: int = 115200) -> Any:
-    kind, where, port = parse_link_url(url)
+def open_transport(url: str, gateway: bool, baud: int = 115200) -> Any:
+    """The transport for a link URL; ValueError for 'none' or a URL outside the grammar."""
+    kind, where, port = L.parse_link_url(url)
     if kind == "udp":
         return UdpTransport(where, port, gateway)
-    return SerialTransport(where, baud)
+    if kind == "serial":
+        return SerialTransport(where, baud)
+    raise ValueError("no link to open: %r" % url)
 
 
 class LinkDriver:
@@ -221,13 +200,8 @@ class LinkDriver:
         # or USB buffer whose drain time would inflate the RTT and the staleness of data.
         if pace_bps < 0:
             pace_bps = 0 if transport.datagram else getattr(transport, "baud", 0) // 10
-        self.pace = pace_bps
-        self.credit = 0.0
-        self.credit_max = pace_bps * 0.06  # 60 ms of line time: a 50 ms loop keeps it busy
-        self.last_flush = -1
+        self.out = L.LinkOutput(session, pace_bps)
         self.rbuf = bytearray(65536 if transport.datagram else 4096)
-        self.tx_off = 0
-        self.tx_n = 0
         self.broken = not transport.datagram and transport.ser is None
         self.retry_at = 0
         self.c_reopen = 0
@@ -243,7 +217,7 @@ class LinkDriver:
         self.t.close()
         self.broken = True
         self.retry_at = now + REOPEN_MS
-        self.tx_n = 0  # a half-written frame is lost with the device; the peer resyncs
+        self.out.drop()
 
     def on_readable(self, now: int) -> None:
         if self.broken:
@@ -273,31 +247,20 @@ class LinkDriver:
     def flush(self, now: int) -> None:
         if self.broken:
             return
-        t, s = self.t, self.s
-        if self.pace:
-            if self.last_flush >= 0:
-                self.credit = min(self.credit + (now - self.last_flush) * self.pace / 1000.0,
-                                  self.credit_max)
-            self.last_flush = now
+        t, s, out = self.t, self.s, self.out
+        out.start(now)
         for _ in range(256):
-            if self.tx_n == 0:
-                if not t.can_write() or (self.pace and self.credit <= 0):
-                    return
-                n = s.poll_tx(now)
-                if n == 0:
-                    return
-                self.tx_off, self.tx_n = 0, n
+            if out.n == 0 and not t.can_write():
+                return
+            n = out.next(now)
+            if n == 0:
+                return
             try:
-                k = t.write(s.tx_buf, self.tx_off, self.tx_n)
+                k = t.write(s.tx_buf, out.off, n)
             except Exception as e:
                 self._lost(now, e)
                 return
-            if k <= 0:
-                return
-            self.tx_off += k
-            self.tx_n -= k
-            self.credit -= k
-            if self.tx_n:
+            if not out.wrote(k):
                 return
 
     def tick(self, now: int) -> None:
@@ -314,7 +277,7 @@ class LinkDriver:
             log.info("link: %s reopened", getattr(self.t, "path", "?"))
 
     def wants_write(self) -> bool:
-        return self.tx_n > 0
+        return self.out.n > 0
 
     def counters(self) -> Dict[str, int]:
         d: Dict[str, int] = self.s.counters()
@@ -327,35 +290,13 @@ class LinkDriver:
         self.t.close()
 
 
-def session_for(transport: Any, gateway: bool, max_message: int, mtu: int = DEFAULT_MTU,
-                epoch: Optional[int] = None, handler: Any = None) -> L.LinkSession:
-    """A LinkSession sized for CPython hosts (a Pi or a PC)."""
-    mm = min(max_message or (1 << 20), MAX_MESSAGE_CAP)
-    return L.LinkSession(
-        handler,
-        new_epoch() if epoch is None else epoch,
-        gateway,
-        datagram=transport.datagram,
-        max_frame=mtu if transport.datagram else SERIAL_FRAME,
-        max_message=mm,
-        window=16 if transport.datagram else 8,
-        # Small profiles (mcu) get small rings: the budget follows the largest message.
-        rel_bytes=max(2 * mm, min(1 << 18, 4 * mm)) + 8192,
-        be_bytes=max(mm + 4096, min(1 << 17, 4 * mm)),
-    )
-
-
-def open_gateway_link(url: str, baud: int = 115200, mtu: int = DEFAULT_MTU,
-                      max_message: int = 1 << 20) -> Tuple[L.LinkRosPort, LinkDriver]:
-    """(RosPort, driver) for the gateway; set `port.sink` to the Gateway."""
-    t = open_link(url, True, baud)
-    s = session_for(t, True, max_message, mtu or DEFAULT_MTU)
-    return L.LinkRosPort(s), LinkDriver(t, s)
-
-
-def open_companion_link(url: str, companion: Any, baud: int = 115200, mtu: int = DEFAULT_MTU,
-                        max_message: int = 1 << 20) -> Tuple[L.LinkCompanionEnd, LinkDriver]:
-    """(GatewaySink for the companion, driver); the companion's sink is the returned end."""
-    t = open_link(url, False, baud)
-    s = session_for(t, False, max_message, mtu or DEFAULT_MTU)
-    return L.LinkCompanionEnd(s, companion), LinkDriver(t, s)
+def open_link(url: str, gateway: bool, max_message: int, baud: int = 115200,
+              mtu: int = L.LINK_DEFAULT_MTU, epoch: Optional[int] = None,
+              max_slots: int = 256) -> Tuple[L.LinkSession, LinkDriver]:
+    """(session, driver) for one end of the link at `url`, sized by ubrb_min.link_sizes. The
+    caller puts its end on the session: ubrb_min.LinkRosPort (gateway) or
+    ros_side.link_end.LinkCompanionEnd (companion)."""
+    t = open_transport(url, gateway, baud)
+    s = L.new_link_session(None, new_epoch() if epoch is None else epoch, gateway, t.datagram,
+                           max_message, mtu or L.LINK_DEFAULT_MTU, max_slots)
+    return s, LinkDriver(t, s)

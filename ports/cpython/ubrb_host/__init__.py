@@ -1,0 +1,24 @@
+"""ubrb_host: the CPython runtime shared by the gateway port and the companion.
+
+Both CPython programs of the project run on it:
+
+- ``python ubrb_min.py`` (ports/cpython/gateway.py): the gateway on a Pi or a PC;
+- ``python -m ros_side``: the companion, in link mode (the other end of the link) or in direct
+  mode (the gateway core in-process).
+
+What it holds is everything those two do the same way on CPython, and nothing of either one:
+
+- ``ubrb_host.loop``: the selectors loop serving UBRB clients for a core ``Gateway``
+  (``GatewayServer``), the monotonic clock (``now_ms``), the allocation policy for big buffers
+  (``mapped_buffer``);
+- ``ubrb_host.link``: the link transports (UDP, serial) and ``LinkDriver``, which moves bytes
+  between a transport and a core ``LinkSession``;
+- ``ubrb_host.cli``: the argument layer (``--link``/``--baud``/``--link-mtu``, one flag per limit
+  from the core's ``LIMITS`` table, ``--log-level``), profile loading and logging.
+
+The protocol itself (framing, sessions, registry, link session, link URL grammar, buffer sizes,
+pacing arithmetic) is in the core, ``ubrb_min``; this package only does I/O and time.
+
+In the source tree it lives in ports/cpython/ (next to the gateway port) and is put on sys.path by
+the launchers; installed (``pip install .``) it is a top-level package of its own.
+"""

@@ -1,0 +1,215 @@
+"""The selectors loop that serves UBRB clients for a core Gateway, and the runtime's clock and
+allocation policy. Used by the gateway port (with a link driver) and by the companion's direct
+mode (with the companion's wake pipe in the link's place).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import selectors
+import socket
+import time
+from typing import Any, Callable, List, Optional
+
+import ubrb_min as core
+
+log = logging.getLogger("ubrb.gateway")
+
+ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def mapped_buffer(n: int) -> Any:
+    """The allocation policy of CPython hosts, for core.Gateway(new_buffer=...): anonymous
+    mappings are zero pages until written, so the `pc` profile's 16 x 192 MiB of buffers are
+    reserved at start-up (static bounds) but only touched pages cost RAM."""
+    return mmap.mmap(-1, n) if n >= 1 << 20 else bytearray(n)
+
+
+class GatewayServer:
+    """Selectors loop: a listening socket, client sockets, and optionally a link driver."""
+
+    def __init__(
+        self,
+        gw: core.Gateway,
+        listen: tuple[str, int],
+        link: Any = None,
+        accept_grace_ms: int = ACCEPT_GRACE_MS,
+    ) -> None:
+        self.gw = gw
+        self.link = link  # object with fileno(), on_readable(now), wants_write(), flush(now), tick(now)
+        self.sel = selectors.DefaultSelector()
+        self.lsock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(listen)
+        self.lsock.listen(16)
+        self.lsock.setblocking(False)
+        self.address = self.lsock.getsockname()[:2]
+        # Connections are accepted once the ROS side is up, or after a grace period: a client
+        # that reconnects to a restarted gateway replays its queued reliable messages at once,
+        # and those would be dropped if they beat the link handshake. Until then the kernel's
+        # backlog holds the connections and their bytes.
+        self.accepting = False
+        self.accept_at = now_ms() + (accept_grace_ms if link is not None else 0)
+        self.socks: List[Optional[socket.socket]] = [None] * len(gw.clients)
+        self.running = True
+        self.link_fd = -1
+        if link is not None:
+            self._sync_link_fd()  # fileno() is -1 while a serial device is absent
+
+    def stop(self, *_: Any) -> None:
+        self.running = False
+
+    def serve(self, until: Optional[Callable[[], bool]] = None) -> None:
+        while self.running and not (until and until()):
+            self.step()
+        self.close()
+
+    def step(self) -> None:
+        now = now_ms()
+        if not self.accepting and (self.gw.ros_ready or now >= self.accept_at):
+            self.accepting = True
+            self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
+        timeout = self.gw.next_deadline(now) / 1000.0
+        timeout = min(timeout, 0.05)
+        for key, events in self.sel.select(timeout):
+            kind, ci = key.data
+            now = now_ms()
+            if kind == "listen":
+                self._accept(now)
+            elif kind == "link":
+                self.link.on_readable(now)
+            else:
+                if events & selectors.EVENT_READ:
+                    self._read(ci, now)
+                if events & selectors.EVENT_WRITE and self.socks[ci] is not None:
+                    self._write(ci)
+        now = now_ms()
+        self.gw.tick(now)
+        if self.link is not None:
+            self.link.tick(now)
+            self._sync_link_fd()
+            self.link.flush(now)
+        for ci, s in enumerate(self.socks):
+            if s is None:
+                continue
+            if self.gw.close_overdue(ci, now):
+                self._drop(ci, self.gw.clients[ci].close_reason + " (last frames not read)")
+                continue
+            if self.gw.clients[ci].queue.pending():
+                self._write(ci)
+            if self.socks[ci] is not None:
+                self._sync_client(ci)
+
+    def _sync_link_fd(self) -> None:
+        # A serial device may be re-opened under a new descriptor after an unplug.
+        fd = self.link.fileno()
+        if fd != self.link_fd:
+            if self.link_fd >= 0:
+                try:
+                    self.sel.unregister(self.link_fd)
+                except (KeyError, ValueError):
+                    pass
+            if fd >= 0:
+                self.sel.register(fd, selectors.EVENT_READ, ("link", -1))
+            self.link_fd = fd
+
+    def _accept(self, now: int) -> None:
+        while True:
+            try:
+                sock, addr = self.lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ci = self.gw.accept(now, addr)  # the core logs who came and who was refused
+            if ci >= 0:
+                self.socks[ci] = sock
+                self.sel.register(sock, selectors.EVENT_READ, ("client", ci))
+            else:
+                self._refuse(sock)
+
+    def _refuse(self, sock: socket.socket) -> None:
+        try:  # best effort: the ERROR too_many_clients, then the close
+            sock.send(self.gw.reject_frame())
+        except OSError:
+            pass
+        sock.close()
+
+    def _read(self, ci: int, now: int) -> None:
+        sock = self.socks[ci]
+        if sock is None:
+            return
+        dec = self.gw.clients[ci].decoder
+        total = 0
+        # Bounded reads per wake-up so one busy client cannot starve the others.
+        for _ in range(16):
+            if dec.space() == 0:
+                break
+            try:
+                n = sock.recv_into(memoryview(dec.buf)[dec.fill :], dec.space())
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._drop(ci, f"read error: {e}")
+                return
+            if n == 0:
+                self.gw.received(ci, 0, now)
+                self._drop(ci, "closed by client")
+                return
+            total += n
+            self.gw.received(ci, n, now)
+            if self.gw.wants_close(ci):
+                break
+
+    def _write(self, ci: int) -> None:
+        sock = self.socks[ci]
+        q = self.gw.clients[ci].queue
+        while sock is not None and q.pending():
+            try:
+                n = sock.send(memoryview(q.buf)[q.head : q.tail])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._drop(ci, f"write error: {e}")
+                return
+            q.sent(n)
+        if self.gw.flushed_close(ci):
+            self._drop(ci, self.gw.clients[ci].close_reason)
+
+    def _sync_client(self, ci: int) -> None:
+        sock = self.socks[ci]
+        assert sock is not None
+        want = self.gw.interest(ci)
+        events = (selectors.EVENT_READ if want & core.WANT_READ else 0) | (
+            selectors.EVENT_WRITE if want & core.WANT_WRITE else 0)
+        key = self.sel.get_key(sock)
+        if key.events != events:
+            self.sel.modify(sock, events, key.data)
+
+    def _drop(self, ci: int, reason: str) -> None:
+        sock = self.socks[ci]
+        if sock is None:
+            return
+        self.socks[ci] = None
+        try:
+            self.sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
+        self.gw.closed(ci, reason)
+
+    def close(self) -> None:
+        for ci, s in enumerate(self.socks):
+            if s is not None:
+                self._drop(ci, "gateway shutting down")
+        if self.accepting:
+            self.sel.unregister(self.lsock)
+        self.lsock.close()
+        if self.link is not None:
+            self.link.close()
+        self.sel.close()

@@ -1,0 +1,176 @@
+# The companion's end of the link (docs/LINK.md): link records from the gateway become RosPort
+# calls on the companion, and the companion's GatewaySink calls become link records.
+#
+# Only the companion runs this, so it lives here and not in the core that is copied to every
+# board. It keeps a few dicts (registrations answered from a cache after a resumed session) and
+# parses JSON per registration - fine on a PC, not what an ESP32's heap is for.
+#
+# Written in the core's dialect (no annotations, %-formatting) because the MicroPython tests run
+# it too: tests/core/mp_fakes.py puts a real companion end opposite the MicroPython port.
+import json
+import struct
+
+import ubrb_min as L
+
+
+class LinkCompanionEnd:
+    """Companion end: link records become RosPort calls on `companion`; this
+    object is the companion's GatewaySink (not thread-safe: call it from the
+    loop that drives the session)."""
+
+    def __init__(self, session, companion):
+        self.s = session
+        session.handler = self
+        self.companion = companion
+        self.regs = {}        # key (slot*2 + is_sub) -> registration body (bytes)
+        self.results = {}     # key -> (code, message) of the last ros_result
+        self.sub_rel = {}     # sub slot -> reliable?
+        self.had = False
+        self._rep = {}
+        self.c_congested = 0
+        self.c_too_large = 0
+        self.down_at = -1     # when the link went down (ms); -1 while up or already expired
+        self._cnt = bytearray(4)
+
+    def _ctl(self, t, slot, obj):
+        b = L.link_record_body(obj) if obj is not None else b""
+        return self.s.send(t, slot, b, 0, len(b), True, True)
+
+    # link handler
+    def link_up(self, fresh):
+        self.down_at = -1
+        if fresh:
+            if self.had:
+                self.companion.reset()     # a new gateway: release the old one's objects
+            self.regs.clear()
+            self.results.clear()
+            self.sub_rel.clear()
+        self.had = True
+        f = getattr(self.companion, "set_max_message", None)
+        if f is not None:
+            f(self.s.max_send())           # the companion drops bigger ROS messages up front
+        self._ctl(L.LK_T_CHELLO, 0, {"distro": getattr(self.companion, "distro", None)})
+
+    def link_down(self):
+        # Keep everything: it may be a glitch. expire() releases it if the gateway stays away.
+        self.down_at = self.s.now
+
+    def expire(self, now, after_ms):
+        """Release everything the gateway registered once the link has been down `after_ms`:
+        a session that ends without being resumed must not leave ROS entities behind. If the
+        same session comes back later, the gateway hands its registrations over again (ros_up).
+        True when it released."""
+        if self.down_at < 0 or now - self.down_at < after_ms:
+            return False
+        self.down_at = -1
+        self.companion.reset()
+        self.regs.clear()
+        self.results.clear()
+        self.sub_rel.clear()
+        return True
+
+    def link_message(self, t, slot, buf, off, n, reliable):
+        c = self.companion
+        if t == L.LK_T_PUB:
+            c.publish(slot, buf, off, n, reliable)
+        elif t == L.LK_T_ADV or t == L.LK_T_SUB:
+            sub = 1 if t == L.LK_T_SUB else 0
+            key = slot * 2 + sub
+            body = bytes(buf[off:off + n])
+            old = self.regs.get(key)
+            if old == body:
+                # re-sent after a resumed session: answer from the cache
+                r = self.results.get(key)
+                if r is not None:
+                    self._ctl(L.LK_T_RESULT, slot, {"kind": "sub" if sub else "pub",
+                                                  "code": r[0], "message": r[1]})
+                return
+            if old is not None:
+                if sub:
+                    c.unsubscribe(slot)
+                else:
+                    c.unadvertise(slot)
+                self.results.pop(key, None)
+            self.regs[key] = body
+            d = json.loads(body.decode())
+            if sub:
+                q = d.get("qos") or {}
+                self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
+                c.subscribe(slot, d["topic"], d["type"], d.get("qos"))
+            else:
+                c.advertise(slot, d["topic"], d["type"], d.get("qos"))
+        elif t == L.LK_T_UNADV or t == L.LK_T_UNSUB:
+            sub = 1 if t == L.LK_T_UNSUB else 0
+            key = slot * 2 + sub
+            if self.regs.pop(key, None) is not None:
+                self.results.pop(key, None)
+                if sub:
+                    self.sub_rel.pop(slot, None)
+                    c.unsubscribe(slot)
+                else:
+                    c.unadvertise(slot)
+        elif t == L.LK_T_STATS:
+            f = getattr(c, "gateway_stats", None)
+            if f is not None:
+                f(L.link_record_json(buf, off, n))
+        else:
+            self.s.c_proto += 1
+
+    # GatewaySink
+    def ros_up(self, distro, max_message):
+        pass
+
+    def ros_down(self):
+        pass
+
+    def ros_result(self, kind, slot, code, message):
+        key = slot * 2 + (1 if kind == "sub" else 0)
+        if code is None:
+            self.results[key] = (code, message)
+        else:
+            self.regs.pop(key, None)       # the gateway drops failed registrations
+            self.results.pop(key, None)
+        self._ctl(L.LK_T_RESULT, slot, {"kind": kind, "code": code, "message": message})
+
+    def ros_error(self, kind, slot, code, message):
+        self._ctl(L.LK_T_ERROR, slot, {"kind": kind, "code": code, "message": message})
+
+    def ros_message(self, slot, buf, off, n):
+        rel = self.sub_rel.get(slot, True)
+        r = self.s.send(L.LK_T_MSG, slot, buf, off, n, rel, False)
+        if r == L.LK_OK:
+            return
+        if r == L.LK_TOO_LARGE:
+            self.c_too_large += 1
+            code = "message_too_large"
+            msg = "ROS message of %d bytes exceeds the gateway's maximum of %d" % (n, self.s.max_send())
+        elif rel:
+            self.c_congested += 1
+            code = "link_congested"
+            msg = "link send buffer full; reliable message dropped"
+        else:
+            return
+        t = self._rep.get(slot)
+        now = self.s.now
+        if t is None or now - t >= 1000:
+            self._rep[slot] = now
+            self.ros_error("sub", slot, code, msg)
+
+    def ros_sub_count(self, slot, count):
+        b = self._cnt
+        struct.pack_into("<I", b, 0, count)
+        self.s.send(L.LK_T_SUBCOUNT, slot, b, 0, 4, True, True)
+
+    def rebase(self, d):
+        """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
+        self.s.rebase(d)
+        for k in self._rep:
+            self._rep[k] -= d
+        if self.down_at >= 0:
+            self.down_at -= d
+
+    def counters(self):
+        d = self.s.counters()
+        d["msg_congested"] = self.c_congested
+        d["msg_too_large"] = self.c_too_large
+        return d
