@@ -192,6 +192,54 @@ class _Pty:
         os.unlink(self.path)
 
 
+LINK_KINDS = {1: "hello", 2: "reliable", 3: "best_effort", 4: "ack", 5: "be_fragment"}
+
+
+class FrameSniffer:
+    """Passive census of link frames in one direction of the line (byte layout of docs/LINK.md:
+    sync A5 4E, length u16 LE of the whole frame, ctl whose low nibble is the kind): frames and
+    bytes per kind, and the arrival times of frames of ``big`` bytes or more."""
+
+    def __init__(self, big: int = 512) -> None:
+        self.buf = bytearray()
+        self.frames: Dict[str, int] = {}
+        self.bytes: Dict[str, int] = {}
+        self.other = 0                      # bytes outside any frame (should stay 0)
+        self.big = big
+        self.big_at: List[Tuple[float, int, str]] = []
+
+    def feed(self, data: bytearray, n: int, now: float) -> None:
+        b = self.buf
+        b += data[:n]
+        p = 0
+        while len(b) - p >= 6:
+            if b[p] != 0xA5 or b[p + 1] != 0x4E:
+                p += 1
+                self.other += 1
+                continue
+            L = b[p + 2] | (b[p + 3] << 8)
+            if L < 12:
+                p += 1
+                self.other += 1
+                continue
+            if len(b) - p < L:
+                break
+            kind = LINK_KINDS.get(b[p + 4] & 15, "?")
+            self.frames[kind] = self.frames.get(kind, 0) + 1
+            self.bytes[kind] = self.bytes.get(kind, 0) + L
+            if L >= self.big:
+                self.big_at.append((now, L, kind))
+            p += L
+        del b[:p]
+
+    def reset(self) -> None:
+        self.frames, self.bytes, self.big_at = {}, {}, []
+
+    def summary(self) -> str:
+        return ", ".join("%s %d frames/%d B" % (k, self.frames[k], self.bytes[k])
+                         for k in sorted(self.frames))
+
+
 class PacedLine:
     """gateway <-> slave A | master A <-proxy-> master B | slave B <-> companion.
 
@@ -206,6 +254,7 @@ class PacedLine:
         self.a = _Pty(os.path.join(self.dir, "gw"))
         self.b = _Pty(os.path.join(self.dir, "comp"))
         self.sent = [0, 0]
+        self.sniff = [FrameSniffer(), FrameSniffer()]   # [0]: gateway -> companion
         self._stop = False
         self.t = threading.Thread(target=self._run, daemon=True, name="paced-line")
         self.t.start()
@@ -242,6 +291,7 @@ class PacedLine:
                     k = 0
                 except OSError:
                     k = 0
+                self.sniff[d].feed(pend[d], k, now)
                 del pend[d][:k]
                 credit[d] -= k
                 self.sent[d] += k
