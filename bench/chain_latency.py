@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import chainkit as K  # noqa: E402
+from bench import chainkit as K  # noqa: E402
 
 LINK_FRAME_OVERHEAD = 12      # docs/LINK.md: sync 2, len 2, ctl 1, hck 1, seq 1, ack 1, CRC-32 4
 RECORD_HEADER = 3             # type 1, slot varint 1, length varint 1 (messages < 128 B)

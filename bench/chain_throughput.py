@@ -28,9 +28,9 @@ import threading
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import chainkit as K  # noqa: E402
+from bench import chainkit as K  # noqa: E402
 
 
 def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: int,
@@ -74,7 +74,7 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         for th in ths:
             th.join(timeout)
         got = col.stop()
-        r = K.check_order([d for _, d in got], clients, per_client)
+        r: Dict[str, Any] = K.check_order([d for _, d in got], clients, per_client)
         if got:
             span = got[-1][0] - t0
             r["span_s"] = span

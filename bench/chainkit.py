@@ -566,7 +566,7 @@ class Collector:
         return self.got
 
 
-def check_order(samples: List[bytes], clients: int, per_client: int) -> Dict[str, int]:
+def check_order(samples: List[bytes], clients: int, per_client: int) -> Dict[str, Any]:
     """Delivery check of tagged samples: {'delivered', 'lost', 'duplicates', 'out_of_order'}."""
     seen: Dict[Tuple[int, int], int] = {}
     last = [-1] * clients

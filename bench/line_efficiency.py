@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import chainkit as K  # noqa: E402
+from bench import chainkit as K  # noqa: E402
 
 ROSSERIAL_OVERHEAD = 8
 # Micro XRCE-DDS over its serial transport, one WRITE_DATA per message, as assumed here:

@@ -16,21 +16,19 @@ loopback with this run's discovery tag and domain (tests/e2e/helpers.py).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Any, Dict, List
 
 import pytest
 
-from tests.e2e.helpers import E2E_DOMAIN, E2E_XML, ROOT
+from tests.e2e.helpers import E2E_DOMAIN, E2E_XML
 
 # chainkit joins this run's DDS domain and discovery tag (it reads these before it sets
 # CYCLONEDDS_URI for this process and its children)
 os.environ["UBRB_BENCH_XML"] = E2E_XML
 os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import chainkit as K  # type: ignore[import-not-found]  # noqa: E402
+from bench import chainkit as K  # noqa: E402
 
 XFAIL = pytest.mark.xfail(strict=True, reason="issue 12: backpressure not implemented yet")
 SIZE = 1024
