@@ -243,13 +243,14 @@ class FrameSniffer:
 class PacedLine:
     """gateway <-> slave A | master A <-proxy-> master B | slave B <-> companion.
 
-    The proxy moves at most baud/10 bytes per second in each direction (a 2 ms burst allowance,
-    like a UART's shift register plus a small FIFO), so the line has a real rate whatever the
-    ends do, and counts the bytes it delivered each way (``sent[0]``: gateway -> companion)."""
+    The proxy moves at most baud/10 bytes per second in each direction, so the line has a real
+    rate whatever the ends do, and counts the bytes it delivered each way (``sent[0]``: gateway
+    -> companion). Credit does not pile up while the line is idle (at most one 0.5 ms tick of
+    bytes): like a UART, a frame is never delivered faster than the baud rate allows."""
 
     def __init__(self, baud: int = 115200) -> None:
         self.rate = baud / 10.0
-        self.burst = max(16.0, self.rate * 0.002)
+        self.burst = max(1.0, self.rate * 0.0005)
         self.dir = tempfile.mkdtemp(prefix="ubrb-bench-")
         self.a = _Pty(os.path.join(self.dir, "gw"))
         self.b = _Pty(os.path.join(self.dir, "comp"))
