@@ -246,7 +246,8 @@ class PacedLine:
     The proxy moves at most baud/10 bytes per second in each direction, so the line has a real
     rate whatever the ends do, and counts the bytes it delivered each way (``sent[0]``: gateway
     -> companion). Credit does not pile up while the line is idle (at most one 0.5 ms tick of
-    bytes): like a UART, a frame is never delivered faster than the baud rate allows."""
+    bytes): like a UART, a frame is never delivered faster than the baud rate allows; while
+    bytes wait, a late tick (a loaded machine) catches up, so the proxy does not slow the line."""
 
     def __init__(self, baud: int = 115200) -> None:
         self.rate = baud / 10.0
@@ -282,7 +283,10 @@ class PacedLine:
                         time.sleep(0.01)
             now = time.monotonic()
             for d in (0, 1):
-                credit[d] = min(credit[d] + (now - last) * self.rate, self.burst)
+                # backlogged, the line is busy all the time: a late tick catches up (up to
+                # 20 ms); idle, no credit piles up (a UART cannot send before it has bytes)
+                cap = self.rate * 0.02 if pend[d] else self.burst
+                credit[d] = min(credit[d] + (now - last) * self.rate, cap)
                 k = min(int(credit[d]), len(pend[d]))
                 if k <= 0:
                     continue
