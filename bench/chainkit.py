@@ -273,6 +273,14 @@ class PacedLine:
             rl = [src[d] for d in (0, 1) if len(pend[d]) < 65536]
             wait = 0.0005 if (pend[0] or pend[1]) else 0.05
             r, _, _ = select.select(rl, [], [], wait)
+            now = time.monotonic()
+            for d in (0, 1):
+                # credit for the time just past: while bytes waited, the line was busy all the
+                # time, so a late tick (a loaded machine) catches up, up to 20 ms; idle, no
+                # credit piles up (a UART cannot send bytes before it has them)
+                cap = self.rate * 0.02 if pend[d] else self.burst
+                credit[d] = min(credit[d] + (now - last) * self.rate, cap)
+            last = now
             for d in (0, 1):
                 if src[d] in r:
                     try:
@@ -281,12 +289,7 @@ class PacedLine:
                         pass
                     except OSError:          # EIO while no one has the slave open
                         time.sleep(0.01)
-            now = time.monotonic()
             for d in (0, 1):
-                # backlogged, the line is busy all the time: a late tick catches up (up to
-                # 20 ms); idle, no credit piles up (a UART cannot send before it has bytes)
-                cap = self.rate * 0.02 if pend[d] else self.burst
-                credit[d] = min(credit[d] + (now - last) * self.rate, cap)
                 k = min(int(credit[d]), len(pend[d]))
                 if k <= 0:
                     continue
@@ -300,7 +303,6 @@ class PacedLine:
                 del pend[d][:k]
                 credit[d] -= k
                 self.sent[d] += k
-            last = now
 
     def close(self) -> None:
         self._stop = True
