@@ -478,6 +478,15 @@ def participant() -> Any:
     return _DP
 
 
+def use_participant(p: Any) -> None:
+    """Use ``p`` (a participant already made in this run's domain, e.g. a test session's) instead
+    of creating one: Cyclone refuses an explicit Domain once a participant made it implicitly."""
+    global _DP
+    if _DP is not None and _DP is not p:
+        raise RuntimeError("chainkit already has a participant")
+    _DP = p
+
+
 _TOPICS: Dict[str, Any] = {}
 
 

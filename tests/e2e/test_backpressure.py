@@ -41,6 +41,12 @@ RSS_GROWTH_UDP_KIB = 8 * 1024
 RSS_GROWTH_SERIAL_KIB = 1536
 
 
+@pytest.fixture(autouse=True)
+def session_participant(dp: Any) -> None:
+    """chainkit's DDS entities live on the e2e session's participant (tests/e2e/conftest.py)."""
+    K.use_participant(dp)
+
+
 @pytest.fixture
 def udp_chain() -> Any:
     ch = K.Chain()
