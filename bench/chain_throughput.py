@@ -212,7 +212,10 @@ def main(argv: List[str] | None = None) -> int:
             "%s=%s" % (k, lc[k]) for k in ("tx_frames", "retx", "timeouts", "fast_retx",
                                           "drop_rel_full", "drop_be") if k in lc))
     if bare.get("per_s"):
-        print("  chain/bare = %.2f (goal >= 0.5, 0 lost)" % (one.get("per_s", 0) / bare["per_s"]))
+        ratio = one.get("per_s", 0) / bare["per_s"]
+        met = ratio >= 0.5 and one.get("lost", 1) == 0
+        print("  chain/bare = %.2f while data flows, lost %d (goal: >= 0.5 and 0 lost: %s)"
+              % (ratio, one.get("lost", -1), "met" if met else "NOT met"))
     return 0
 
 
