@@ -1,0 +1,223 @@
+"""Chain throughput: reliable 1 KiB std_msgs/String PUBLISH frames, as fast as TCP takes them,
+from one client (and from 5 clients in parallel) through the real gateway + UDP link + companion
+(dds backend), counted at an independent cyclonedds reader with a deep reliable queue:
+delivered/s, lost, duplicates, order. In the same run, for comparison:
+
+- a bare cyclonedds-python writer (its own process) -> the same kind of reader: what DDS alone
+  does on this machine;
+- a ``socat`` TCP byte relay carrying the very same UBRB bytes to a counting sink: what moving
+  the bytes between two sockets costs.
+
+Issue 12's goal: 0 lost, sustained >= 0.5x the bare DDS path.
+
+    .venv/bin/python bench/chain_throughput.py [--count 20000] [--clients 5] [--per-client 4000]
+
+Needs socat (Debian: apt-get install socat; CI needs the same); without it that row is skipped
+and says so. Bounded: every phase has a deadline (--timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import chainkit as K  # noqa: E402
+
+
+def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: int,
+              timeout: float) -> Dict[str, Any]:
+    """``clients`` RawClients each fire ``per_client`` tagged reliable frames at once."""
+    reader = K.dds_reader(topic)
+    cs = [K.RawClient(chain.port, "tp%d" % c) for c in range(clients)]
+    try:
+        for c in cs:
+            c.advertise(1, topic, K.QOS_R)
+        for c in cs:
+            c.sync()
+        if not K.wait_for(lambda: K.matched(reader) >= 1, 20.0):
+            raise RuntimeError("the companion's writer never matched the reader")
+        time.sleep(0.3)
+        col = K.Collector(reader)
+        rss0 = K.rss_kib(chain.gw.pid) if chain.gw else 0
+        rss_max = [rss0]
+        t0 = time.monotonic()
+        ths = []
+        for ci, c in enumerate(cs):
+            th = threading.Thread(target=c.firehose,
+                                  args=(1, lambda i, ci=ci: K.tagged_cdr(ci, i, size),
+                                        per_client))
+            th.start()
+            ths.append(th)
+        total = clients * per_client
+        end = t0 + timeout
+        last_n, last_t = 0, time.monotonic()
+        while time.monotonic() < end:
+            time.sleep(0.05)
+            if chain.gw:
+                rss_max[0] = max(rss_max[0], K.rss_kib(chain.gw.pid))
+            n = col.count()
+            if n >= total:
+                break
+            if n != last_n:
+                last_n, last_t = n, time.monotonic()
+            elif time.monotonic() - last_t > 3.0 and not any(t.is_alive() for t in ths):
+                break                      # nothing more is coming
+        for th in ths:
+            th.join(timeout)
+        got = col.stop()
+        r: Dict[str, Any] = K.check_order([d for _, d in got], clients, per_client)
+        if got:
+            span = got[-1][0] - t0
+            r["span_s"] = span
+            r["per_s"] = r["delivered"] / span if span > 0 else 0.0
+        else:
+            r["span_s"] = r["per_s"] = 0.0
+        r["errors"] = sorted({e.get("code", "?") for c in cs for e in c.errors})
+        r["error_frames"] = sum(len(c.errors) for c in cs)
+        r["rss_growth_kib"] = rss_max[0] - rss0
+        return r
+    finally:
+        for c in cs:
+            c.close()
+        reader.__del__()
+
+
+def run_bare_dds(topic: str, count: int, size: int, timeout: float) -> Dict[str, Any]:
+    reader = K.dds_reader(topic)
+    w = K.Proc([sys.executable, os.path.join(K.ROOT, "bench", "chainkit.py"), "dds-writer",
+                "--topic", topic, "--count", str(count), "--size", str(size)])
+    try:
+        K.wait_for(lambda: K.matched(reader) >= 1, 20.0)
+        col = K.Collector(reader)
+        t0 = None
+        end = time.monotonic() + timeout + 20
+        while time.monotonic() < end and col.count() < count:
+            time.sleep(0.02)
+            if t0 is None and col.count():
+                t0 = col.got[0][0]
+        got = col.stop()
+        r = K.check_order([d for _, d in got], 1, count)
+        span = (got[-1][0] - got[0][0]) if len(got) > 1 else 0.0
+        r["per_s"] = r["delivered"] / span if span > 0 else 0.0
+        return r
+    finally:
+        w.stop()
+        reader.__del__()
+
+
+def run_socat(count: int, size: int, timeout: float) -> Dict[str, Any]:
+    """The same UBRB PUBLISH bytes through ``socat`` TCP->TCP to a counting sink."""
+    if shutil.which("socat") is None:
+        return {"skipped": "socat not installed (apt-get install socat)"}
+    sink = socket.socket()
+    sink.bind(("127.0.0.1", 0))
+    sink.listen(1)
+    relay_port = K.free_port()
+    p = subprocess.Popen(["socat", "TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr" % relay_port,
+                          "TCP:127.0.0.1:%d" % sink.getsockname()[1]],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        src = None
+        end = time.monotonic() + 5
+        while src is None and time.monotonic() < end:
+            try:
+                src = socket.create_connection(("127.0.0.1", relay_port), timeout=1)
+            except OSError:
+                time.sleep(0.05)
+        if src is None:
+            return {"skipped": "socat did not listen"}
+        conn, _ = sink.accept()
+        frame_len = 16 + size
+        total = count * frame_len
+        got = [0, 0.0]
+
+        def drain() -> None:
+            conn.settimeout(timeout)
+            while got[0] < total:
+                b = conn.recv(1 << 20)
+                if not b:
+                    break
+                got[0] += len(b)
+            got[1] = time.monotonic()
+        th = threading.Thread(target=drain)
+        th.start()
+        from ubrb_client import frames as F
+        t0 = time.monotonic()
+        for i in range(0, count, 64):
+            src.sendall(b"".join(F.encode_data_frame(F.PUBLISH, 1, K.tagged_cdr(0, k, size))
+                                 for k in range(i, min(count, i + 64))))
+        th.join(timeout)
+        src.close()
+        conn.close()
+        span = got[1] - t0
+        return {"delivered": got[0] // frame_len, "per_s": (got[0] / frame_len) / span
+                if span > 0 else 0.0}
+    finally:
+        p.terminate()
+        p.wait(5)
+        sink.close()
+
+
+def fmt(r: Dict[str, Any]) -> str:
+    if "skipped" in r:
+        return "skipped: " + r["skipped"]
+    s = "%9.0f msg/s  delivered %d" % (r.get("per_s", 0.0), r.get("delivered", 0))
+    for k in ("lost", "duplicates", "out_of_order"):
+        if k in r:
+            s += "  %s %d" % (k, r[k])
+    if "rss_growth_kib" in r:
+        s += "  gateway RSS +%d KiB" % r["rss_growth_kib"]
+    if r.get("errors"):
+        s += "  ERROR frames %d %s" % (r["error_frames"], ",".join(r["errors"]))
+    return s
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=20000, help="messages from one client")
+    ap.add_argument("--clients", type=int, default=5, help="parallel clients (0: skip)")
+    ap.add_argument("--per-client", type=int, default=4000, help="messages per parallel client")
+    ap.add_argument("--size", type=int, default=1024, help="CDR bytes per message (1024)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="deadline of each phase, s")
+    a = ap.parse_args(argv)
+
+    print("chain throughput, reliable %d B std_msgs/String, DDS domain %d (loopback only)"
+          % (a.size, K.DOMAIN))
+    bare = run_bare_dds("/bench/bare", a.count, a.size, a.timeout)
+    print("  bare cyclonedds writer -> reader    %s" % fmt(bare))
+    relay = run_socat(a.count, a.size, a.timeout)
+    print("  socat TCP byte relay (same bytes)   %s" % fmt(relay))
+    chain = K.Chain()
+    try:
+        one = run_chain(chain, "/bench/one", 1, a.count, a.size, a.timeout)
+        print("  chain, 1 client x %-6d            %s" % (a.count, fmt(one)))
+        if a.clients:
+            many = run_chain(chain, "/bench/many", a.clients, a.per_client, a.size, a.timeout)
+            print("  chain, %d clients x %-6d          %s" % (a.clients, a.per_client, fmt(many)))
+    finally:
+        out = chain.close()
+    lc = K.last_counters(out)
+    if lc:
+        print("  gateway link counters: " + ", ".join(
+            "%s=%s" % (k, lc[k]) for k in ("tx_frames", "retx", "timeouts", "fast_retx",
+                                          "drop_rel_full", "drop_be") if k in lc))
+    if bare.get("per_s"):
+        ratio = one.get("per_s", 0) / bare["per_s"]
+        met = ratio >= 0.5 and one.get("lost", 1) == 0
+        print("  chain/bare = %.2f while data flows, lost %d (goal: >= 0.5 and 0 lost: %s)"
+              % (ratio, one.get("lost", -1), "met" if met else "NOT met"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
