@@ -21,9 +21,8 @@ import tracemalloc
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, BENCH)
 
-import relay_paths  # noqa: E402
+from bench import relay_paths  # noqa: E402
 
 SIZES = (64, 1024, 65536)
 
