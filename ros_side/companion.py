@@ -60,6 +60,8 @@ def default_history_bytes():
 
 
 def _mib(n):
+    if n < 1048576:
+        return "%.1f KiB" % (n / 1024.0)
     return "%.1f MiB" % (n / 1048576.0)
 
 
