@@ -134,7 +134,7 @@ def bench_history(mib: int, budget: str) -> Optional[tuple]:
         body = b"\x00\x01\x00\x00" + struct.pack("<I", BIG - 8) + b"x" * (BIG - 9) + b"\0"
         count = mib * 16
         t0 = time.monotonic()
-        for k in range(0, count, 50):
+        for _batch in range(0, count, 50):
             for _ in range(50):
                 c.publish(1, body)
             c.sync(30)

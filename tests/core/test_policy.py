@@ -65,14 +65,14 @@ def test_bad_lists_say_which_entry_is_wrong():
         except ValueError as e:
             assert str(e)
         else:
-            assert False, text
+            raise AssertionError(text)
     for text in ("/imu", "/imu=0", "/imu=abc", "=5", "/imu=5000"):
         try:
             U.parse_throttle([text])
         except ValueError as e:
             assert "GLOB=HZ" in str(e)
         else:
-            assert False, text
+            raise AssertionError(text)
     assert U.parse_throttle(["/imu/*=50,/scan=3", "/odom=1000"]) == [
         ("/imu/*", 20), ("/scan", 333), ("/odom", 1)]
 

@@ -15,7 +15,7 @@ import os
 import struct
 import sys
 import time
-from typing import Any, Iterator, List
+from typing import Any, Iterator
 
 import pytest
 
@@ -160,7 +160,7 @@ def test_a_registration_within_budget_is_held_to_it_and_released(pair: GatewayAn
         c.advertise(2, "/latched_big2", "std_msgs/msg/String", latch)
         assert c.wait(lambda: ("resource_exhausted", 2) in c.error_codes(), 10), c.errors
         sent = 0
-        for k in range(20):          # 1000 x 64 KiB: twice the depth, paced for the link
+        for _round in range(20):     # 1000 x 64 KiB: twice the depth, paced for the link
             for _ in range(50):
                 c.publish(1, body)
             sent += 50
