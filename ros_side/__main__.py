@@ -128,7 +128,7 @@ def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
     if declare is not None:
         # A repeatable flag (--throttle, --msg-path) is one comma-separated string parameter.
         declare({k: ",".join(map(str, v)) if isinstance(v, list) else v
-                 for k, v in vars(args).items() if v is not None})
+                 for k, v in vars(args).items() if v is not None and v != []})
 
 
 def run_direct(args: argparse.Namespace) -> int:
