@@ -1393,6 +1393,9 @@ class Gateway:
         s["queue_refused"] = refused
         s["queued_bytes"] = queued
         s["ros_ready"] = self.ros_ready
+        if self.throttle is not None:  # newer messages replaced these within their period
+            s["throttle_superseded"] = self.throttle.superseded
+            s["throttle_unheld"] = self.throttle.unheld
         return s
 
 
