@@ -124,6 +124,7 @@ PROFILES = {
         "max_control": 64 * KIB,  # payload cap of every other op
         "queue_bytes": 16 * MIB,  # per-client send queue
         "control_reserve": 64 * KIB,  # part of the queue only control frames may use
+        "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
     },
     # An ESP32 / Pico W: a couple of clients, frames of a few KiB.
     "mcu": {
@@ -135,6 +136,7 @@ PROFILES = {
         "max_control": 512,
         "queue_bytes": 6 * KIB,
         "control_reserve": 1 * KIB,
+        "max_throttled": 1,
     },
     # A PC in direct mode (ros_side --listen): the spec's defaults.
     "pc": {
@@ -146,6 +148,7 @@ PROFILES = {
         "max_control": 1 * MIB,
         "queue_bytes": 128 * MIB,
         "control_reserve": 1 * MIB,
+        "max_throttled": 16,
     },
 }
 # Every limit of a profile, with the sentence both ports' --help show for its flag.
@@ -158,6 +161,8 @@ LIMITS = (
     ("max_control", "largest payload of any other op in bytes"),
     ("queue_bytes", "send queue per client in bytes"),
     ("control_reserve", "bytes of each send queue only control frames may use"),
+    ("max_throttled", "subscription topics --throttle can hold a message for at once "
+     "(one max-payload buffer each)"),
 )
 PROFILE_KEYS = tuple([k for k, _ in LIMITS])
 
@@ -198,13 +203,20 @@ def memory_budget(p, link=None):
     # Slot tables hold topic and type strings; ROS names are at most 255 characters.
     slots = 2 * p["max_topics"] * (2 * 256 + 64)
     link_bytes = link["total"] if link is not None else 0
+    throttle = throttle_bytes(p)
     return {
         "per_client": per_client,
         "clients": per_client * p["max_clients"],
         "slots": slots,
         "link": link_bytes,
-        "total": per_client * p["max_clients"] + slots + link_bytes,
+        "throttle": throttle,
+        "total": per_client * p["max_clients"] + slots + link_bytes + throttle,
     }
+
+
+def throttle_bytes(p):
+    """The --throttle holding buffers (allocated when a throttle rule is given)."""
+    return p.get("max_throttled", 0) * p["max_payload"]
 
 
 def format_budget(name, p, link=None):
@@ -227,6 +239,9 @@ def format_budget(name, p, link=None):
         "  limits: %d pub ids + %d sub ids per client, payload %s, control %s"
         % (p["max_pubs"], p["max_subs"], human_bytes(p["max_payload"]), human_bytes(p["max_control"]))
     )
+    if b["throttle"]:
+        lines.append("  throttle holding buffers: %d x %s" % (p["max_throttled"],
+                                                          human_bytes(p["max_payload"])))
     if link is not None:
         lines.append(
             "  link session buffers: %s (messages up to %s, frames of %d bytes)"
@@ -832,6 +847,10 @@ class Gateway:
       tick(now)                   -> timers; call at least every 100 ms
     """
 
+    policy = None  # Policy (set_policy): allow-lists and throttle rules; None = everything open
+    throttle = None  # Throttle, when a throttle rule is given
+    _refused_address = False  # the last accept() refusal was --allow-clients, not capacity
+
     def __init__(self, profile, ros=None, server=SERVER_NAME, log=None, new_buffer=bytearray):
         # new_buffer(n): where every large buffer (decoders, send queues) comes from, once, here.
         # bytearray by default; the CPython runtime passes one that maps big buffers from
@@ -865,6 +884,19 @@ class Gateway:
             "errors_sent": 0,
         }
 
+    def set_policy(self, policy, new_buffer=bytearray):
+        """Apply a Policy (allow-lists, throttle rules) before serving. The throttle's holding
+        buffers (profile max_throttled x max_payload) are allocated here, once."""
+        self.policy = policy
+        self.stats["clients_refused_address"] = 0
+        self.stats["topics_denied"] = 0
+        if policy.throttle:
+            p = self.p
+            self.throttle = Throttle(p["max_topics"], p["max_throttled"], p["max_payload"],
+                                     new_buffer)
+        for line in policy.describe():
+            self._log("info", "policy: " + line)
+
     # -- logging ---------------------------------------------------------------------------
     def _log(self, level, msg):
         if self.log is not None:
@@ -875,6 +907,12 @@ class Gateway:
         """A new connection (from `peer`, for the log): its client index, or -1 when every
         session is taken (send reject_frame(), then close it)."""
         self.now = now
+        self._refused_address = False
+        if self.policy is not None and not self.policy.client_allowed(peer):
+            self._refused_address = True
+            self.stats["clients_refused_address"] += 1
+            self._log("warning", "refusing %s: not in --allow-clients" % (peer,))
+            return -1
         for c in self.clients:
             if c.state == S_FREE:
                 c.open(now)
@@ -888,7 +926,10 @@ class Gateway:
         return -1
 
     def reject_frame(self):
-        """The bytes to send a connection refused for capacity before closing it."""
+        """The bytes to send a connection refused for capacity before closing it (none for a
+        peer outside --allow-clients: it is closed without a word)."""
+        if self._refused_address:
+            return b""
         return encode_json_frame(
             OP_ERROR,
             {
@@ -967,6 +1008,8 @@ class Gateway:
 
     def tick(self, now):
         self.now = now
+        if self.throttle is not None:
+            self._release_throttled(now)
         for c in self.clients:
             if c.state == S_OPEN and now - c.accepted_ms >= HELLO_TIMEOUT_MS:
                 self._error(c, None, "hello_required", "no HELLO within 5 s of connecting")
@@ -985,6 +1028,8 @@ class Gateway:
         32-bit MicroPython ints >= 2**30 are heap objects, so a long-running board's clock is
         kept small (ports/micropython: every 2**28 ms)."""
         self.now -= d
+        if self.throttle is not None:
+            self.throttle.rebase(d)
         for c in self.clients:
             c.accepted_ms -= d
             c.last_rx_ms -= d
@@ -996,6 +1041,8 @@ class Gateway:
     def next_deadline(self, now):
         """Milliseconds until tick() has work at the latest (for the port's poll timeout)."""
         t = 1000
+        if self.throttle is not None:
+            t = self.throttle.deadline(now)
         for c in self.clients:
             if c.state == S_OPEN:
                 t = min(t, c.accepted_ms + HELLO_TIMEOUT_MS - now)
@@ -1111,12 +1158,16 @@ class Gateway:
         if not isinstance(topic, str) or not isinstance(type_, str):
             raise ProtocolError("'topic' and 'type' must be strings", id_)
         qos = _parse_qos(msg.get("qos"), id_)
+        if self.policy is not None and self._topic_denied(c, id_, topic):
+            return
         reg = self.registry
         try:
             slot = reg.register(c, kind, id_, topic, type_, qos)
         except Refused as e:
             self._error(c, id_, e.code, e.message)
             return
+        if kind == SUB and self.throttle is not None and reg.holders(SUB, slot) == 1:
+            self._throttle_slot(slot, topic)
         if kind == PUB:
             if self.pubs.count[slot] >= 0:
                 c.counts_dirty = True  # a known subscriber count: this id gets it too
@@ -1127,6 +1178,29 @@ class Gateway:
                 self.ros.advertise(slot, topic, type_, qos)
             else:
                 self.ros.subscribe(slot, topic, type_, qos)
+
+    def _topic_denied(self, c, id_, topic):
+        why = self.policy.topic_refusal(topic)
+        if why is None:
+            return False
+        self.stats["topics_denied"] += 1
+        self._error(c, id_, "topic_denied", why)
+        return True
+
+    def _throttle_slot(self, slot, topic):
+        period = self.policy.throttle_period(topic)
+        if not self.throttle.bind(slot, period, self.now, self.subs.refs):
+            self._log("warning", "%s not throttled: all %d holding buffers in use "
+                      "(--max-throttled)" % (topic, len(self.throttle.slot)))
+
+    def _release_throttled(self, now):
+        """Throttled messages whose period ended go out now (the newest of each period)."""
+        t = self.throttle
+        i = t.due(now)
+        while i >= 0:
+            self.ros_message(t.slot[i], t.buf[i], 0, t.out_n)
+            t.passing = False  # in case the slot was gone and ros_message returned early
+            i = t.due(now)
 
     def _on_unregister(self, c, kind, msg):
         id_ = _parse_id(msg)
@@ -1278,6 +1352,8 @@ class Gateway:
     def ros_message(self, slot, buf, off, n):
         if not self.registry.holds(SUB, slot):
             return
+        if self.throttle is not None and not self.throttle.admit(slot, buf, off, n, self.now):
+            return  # held: the newest of this period goes out when the period ends
         for c in self.clients:
             if c.state != S_READY or not c.sub_refs[slot]:
                 continue
@@ -1317,6 +1393,9 @@ class Gateway:
         s["queue_refused"] = refused
         s["queued_bytes"] = queued
         s["ros_ready"] = self.ros_ready
+        if self.throttle is not None:  # newer messages replaced these within their period
+            s["throttle_superseded"] = self.throttle.superseded
+            s["throttle_unheld"] = self.throttle.unheld
         return s
 
 
@@ -1348,6 +1427,394 @@ def _parse_qos(q, id_):
 
 def _qos_text(q):
     return "%s/%s/depth %d" % (q["reliability"], q["durability"], q["depth"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy: who may connect, which topics clients may touch, how often a topic reaches them.
+# Parsed once at start-up (strings, lists: fine there); the checks run per connection or per
+# registration, never per message. The per-message part is Throttle, allocation-free.
+# Both ports use these (no fnmatch or ipaddress on MicroPython).
+# ---------------------------------------------------------------------------------------------
+# Every policy option: key, metavar, the sentence both ports' --help show. Flags are
+# --key-with-dashes; `throttle` may be given more than once (and each takes a comma list).
+POLICY_OPTIONS = (
+    ("allow_clients", "CIDR[,CIDR...]",
+     "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
+     "are closed at accept and counted (clients_refused_address); default: everyone"),
+    ("allow_topics", "GLOB[,GLOB...]",
+     "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
+     "others get ERROR topic_denied; default: every topic"),
+    ("deny_topics", "GLOB[,GLOB...]",
+     "topics refused with ERROR topic_denied even when --allow-topics matches"),
+    ("throttle", "GLOB=HZ",
+     "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
+     "within each period, the last one delivered at the period's end (repeatable)"),
+)
+
+
+def glob_match(pat, s):
+    """fnmatch-style match of the whole string: '*' is any run of characters ('/' included),
+    '?' any one character, everything else literal. Iterative with one backtrack point, so
+    O(len(pat) * len(s)) at worst and no recursion."""
+    p = i = 0
+    star = -1
+    mark = 0
+    np = len(pat)
+    ns = len(s)
+    while i < ns:
+        if p < np and (pat[p] == "?" or pat[p] == s[i]):
+            p += 1
+            i += 1
+        elif p < np and pat[p] == "*":
+            star = p
+            mark = i
+            p += 1
+        elif star >= 0:
+            p = star + 1
+            mark += 1
+            i = mark
+        else:
+            return False
+    while p < np and pat[p] == "*":
+        p += 1
+    return p == np
+
+
+def split_list(text):
+    """'a, b,,c' -> ['a', 'b', 'c']; a list (a repeated flag) is joined first."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            out.append(part)
+    return out
+
+
+def parse_globs(text):
+    globs = split_list(text)
+    if not globs:
+        raise ValueError("expected GLOB[,GLOB...], got %r" % (text,))
+    return globs
+
+
+def _parse_ip4(text):
+    parts = text.split(".")
+    if len(parts) != 4:
+        return None
+    out = bytearray(4)
+    for k in range(4):
+        d = parts[k]
+        if not d or len(d) > 3 or not d.isdigit() or int(d) > 255:
+            return None
+        out[k] = int(d)
+    return bytes(out)
+
+
+def parse_ip(text):
+    """An IPv4 or IPv6 address as 4 or 16 bytes, or None. A zone ('%eth0') is ignored."""
+    if ":" not in text:
+        return _parse_ip4(text)
+    k = text.find("%")
+    if k >= 0:
+        text = text[:k]
+    tail = b""
+    last = text.rfind(":")
+    if "." in text[last + 1:]:  # ::ffff:1.2.3.4
+        tail = _parse_ip4(text[last + 1:])
+        if tail is None:
+            return None
+        text = text[:last + 1] + "0:0"
+    halves = text.split("::")
+    if len(halves) > 2:
+        return None
+    groups = []
+    for h in halves:
+        g = []
+        if h:
+            for x in h.split(":"):
+                if not x or len(x) > 4:
+                    return None
+                try:
+                    g.append(int(x, 16))
+                except ValueError:
+                    return None
+        groups.append(g)
+    if len(halves) == 2:
+        fill = 8 - len(groups[0]) - len(groups[1])
+        if fill < 1:
+            return None
+        words = groups[0] + [0] * fill + groups[1]
+    else:
+        words = groups[0]
+    if len(words) != 8:
+        return None
+    out = bytearray(16)
+    for k in range(8):
+        out[2 * k] = words[k] >> 8
+        out[2 * k + 1] = words[k] & 0xFF
+    if tail:
+        for k in range(4):
+            out[12 + k] = tail[k]
+    return bytes(out)
+
+
+_V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
+
+
+def parse_cidrs(text):
+    """'10.0.0.0/8, ::1' -> [(address bytes, prefix length)]; ValueError names the bad entry."""
+    nets = []
+    for part in split_list(text):
+        k = part.find("/")
+        addr = part if k < 0 else part[:k]
+        bits = "" if k < 0 else part[k + 1:]
+        ip = parse_ip(addr.strip())
+        if ip is None:
+            raise ValueError("%r is not an IPv4 or IPv6 address" % part)
+        if bits:
+            if not bits.strip().isdigit() or int(bits) > 8 * len(ip):
+                raise ValueError("%r: prefix length must be 0..%d" % (part, 8 * len(ip)))
+            n = int(bits)
+        else:
+            n = 8 * len(ip)
+        nets.append((ip, n))
+    if not nets:
+        raise ValueError("expected CIDR[,CIDR...], got %r" % (text,))
+    return nets
+
+
+def peer_address(peer):
+    """The peer's address as 4 or 16 bytes, from what accept() returned: a (host, port, ...)
+    tuple (CPython, most MicroPython ports) or a raw sockaddr (the MicroPython unix port:
+    family u16 in host order, then AF_INET port+4 bytes or AF_INET6 port+flow+16 bytes)."""
+    if isinstance(peer, tuple):
+        return parse_ip(peer[0]) if peer and isinstance(peer[0], str) else None
+    if isinstance(peer, (bytes, bytearray)) and len(peer) >= 8:
+        fam = peer[0] | (peer[1] << 8)
+        if fam == 2 or peer[1] == 2:  # AF_INET (either byte order)
+            return bytes(peer[4:8])
+        if len(peer) >= 24:  # AF_INET6 (10 on Linux, other values elsewhere)
+            return bytes(peer[8:24])
+    return None
+
+
+def cidr_match(nets, addr):
+    """Is `addr` (4 or 16 bytes) in one of `nets`? An IPv4-mapped IPv6 peer matches IPv4 nets."""
+    if addr is None:
+        return False
+    if len(addr) == 16 and addr[:12] == _V4_MAPPED:
+        v4 = addr[12:]
+    else:
+        v4 = None
+    for net, n in nets:
+        a = addr
+        if len(net) != len(a):
+            if v4 is None or len(net) != 4:
+                continue
+            a = v4
+        full = n >> 3
+        if a[:full] != net[:full]:
+            continue
+        rest = n & 7
+        if rest:
+            mask = (0xFF << (8 - rest)) & 0xFF
+            if (a[full] ^ net[full]) & mask:
+                continue
+        return True
+    return False
+
+
+def parse_throttle(items):
+    """['/imu/*=50', '/scan=10,/odom=20'] -> [(glob, period_ms)], first match wins."""
+    rules = []
+    for part in split_list(items):
+        k = part.rfind("=")
+        sep = k > 0
+        glob = part[:k].strip() if sep else ""
+        hz = part[k + 1:] if sep else ""
+        try:
+            f = float(hz)
+        except ValueError:
+            f = 0.0
+        if not sep or not glob or not f > 0 or f > 1000:
+            raise ValueError("--throttle expects GLOB=HZ with 0 < HZ <= 1000, got %r" % part)
+        rules.append((glob, max(1, int(1000 / f + 0.5))))
+    return rules
+
+
+class Policy:
+    """Allow-lists and throttle rules, parsed: Policy.from_options({key: text or None}) with the
+    keys of POLICY_OPTIONS raises ValueError with a line for a person."""
+
+    def __init__(self, allow_clients=None, allow_topics=None, deny_topics=None, throttle=None):
+        self.allow_clients = allow_clients or []  # [(address bytes, prefix)]; [] = everyone
+        self.allow_topics = allow_topics or []  # globs; [] = every topic
+        self.deny_topics = deny_topics or []
+        self.throttle = throttle or []  # [(glob, period_ms)]
+
+    @staticmethod
+    def from_options(opts):
+        def get(k):
+            v = opts.get(k)
+            return v if v else None
+        v = get("allow_clients")
+        clients = parse_cidrs(v) if v is not None else None
+        v = get("allow_topics")
+        allow = parse_globs(v) if v is not None else None
+        v = get("deny_topics")
+        deny = parse_globs(v) if v is not None else None
+        v = get("throttle")
+        thr = parse_throttle(v) if v is not None else None
+        return Policy(clients, allow, deny, thr)
+
+    def active(self):
+        return bool(self.allow_clients or self.allow_topics or self.deny_topics or self.throttle)
+
+    def client_allowed(self, peer):
+        return not self.allow_clients or cidr_match(self.allow_clients, peer_address(peer))
+
+    def topic_refusal(self, topic):
+        """None if clients may register `topic`, else the ERROR topic_denied message."""
+        for g in self.deny_topics:
+            if glob_match(g, topic):
+                return "%s is denied by --deny-topics %s" % (topic, g)
+        if self.allow_topics:
+            for g in self.allow_topics:
+                if glob_match(g, topic):
+                    return None
+            return "%s is not in --allow-topics" % topic
+        return None
+
+    def throttle_period(self, topic):
+        """Milliseconds between MESSAGEs on `topic` (first matching rule), 0 = not throttled."""
+        for g, ms in self.throttle:
+            if glob_match(g, topic):
+                return ms
+        return 0
+
+    def describe(self):
+        lines = []
+        if self.allow_clients:
+            lines.append("clients allowed from %d network(s)" % len(self.allow_clients))
+        if self.allow_topics:
+            lines.append("topics allowed: %s" % ", ".join(self.allow_topics))
+        if self.deny_topics:
+            lines.append("topics denied: %s" % ", ".join(self.deny_topics))
+        for g, ms in self.throttle:
+            lines.append("throttle %s: one MESSAGE per %d ms" % (g, ms))
+        return lines
+
+
+class Throttle:
+    """Per subscription slot rate limit, newest wins, for Gateway.ros_message.
+
+    A throttled slot owns one of `max_throttled` holding buffers (max_payload bytes each,
+    allocated here once). Time is cut into periods of `period` ms per slot: the first message
+    of a period goes out at once; later ones overwrite the holding buffer; when the period ends
+    the held (newest) one goes out (Gateway.tick -> due()). Over a busy stream that is exactly
+    one MESSAGE per period, and the last message of a burst is never lost, only delayed.
+    """
+
+    def __init__(self, max_topics, max_throttled, max_payload, new_buffer=bytearray):
+        self.period = [0] * max_topics  # ms per sub slot; 0 = not throttled
+        self.nxt = [0] * max_topics  # when the slot's current period ends
+        self.pool_of = [-1] * max_topics  # holding buffer of the slot, -1 none
+        self.slot = [-1] * max_throttled  # slot of each holding buffer, -1 free
+        self.held = [-1] * max_throttled  # bytes held, -1 none
+        self.buf = [new_buffer(max_payload) for _ in range(max_throttled)]
+        self.passing = False  # the next admit() is a held message on its way out
+        self.out_n = 0
+        self.superseded = 0  # messages overwritten by a newer one within their period
+        self.unheld = 0  # slots left unthrottled: every holding buffer was in use
+
+    def bind(self, slot, period, now, refs):
+        """A new subscription slot: throttle it at `period` ms (0: not). `refs` are the sub
+        slots' reference counts: buffers of freed slots are reclaimed here. False when no
+        holding buffer is free (the slot then goes unthrottled)."""
+        i = self.pool_of[slot]
+        if i >= 0:  # a freed slot reused: its old state goes
+            self.slot[i] = -1
+            self.held[i] = -1
+            self.pool_of[slot] = -1
+        self.period[slot] = 0
+        if period <= 0:
+            return True
+        free = -1
+        for k in range(len(self.slot)):
+            s = self.slot[k]
+            if s >= 0 and not refs[s]:
+                self.slot[k] = -1
+                self.held[k] = -1
+                self.pool_of[s] = -1
+                self.period[s] = 0
+                s = -1
+            if s < 0 and free < 0:
+                free = k
+        if free < 0:
+            self.unheld += 1
+            return False
+        self.slot[free] = slot
+        self.held[free] = -1
+        self.pool_of[slot] = free
+        self.period[slot] = period
+        self.nxt[slot] = now
+        return True
+
+    def admit(self, slot, buf, off, n, now):
+        """True: fan this message out now. False: it is held (newest wins) until due()."""
+        if self.passing:
+            self.passing = False
+            return True
+        per = self.period[slot]
+        if per == 0:
+            return True
+        i = self.pool_of[slot]
+        if now - self.nxt[slot] >= 0:
+            if self.held[i] >= 0:  # an older held one is superseded by this newer one
+                self.held[i] = -1
+                self.superseded += 1
+            self._advance(slot, now)
+            return True
+        if n > len(self.buf[i]):
+            return True  # cannot hold it: never lose it
+        if self.held[i] >= 0:
+            self.superseded += 1
+        copy_into(self.buf[i], 0, buf, off, n)
+        self.held[i] = n
+        return False
+
+    def _advance(self, slot, now):
+        # Keep the cadence (one message per period on average) unless the stream paused.
+        t = self.nxt[slot] + self.period[slot]
+        if now - t >= 0:
+            t = now + self.period[slot]
+        self.nxt[slot] = t
+
+    def due(self, now):
+        """A holding buffer whose period ended, or -1. Its message (out_n bytes of buf[i], for
+        slot[i]) must be fanned out now: the next admit() lets it through."""
+        for i in range(len(self.slot)):
+            if self.held[i] >= 0 and now - self.nxt[self.slot[i]] >= 0:
+                self.out_n = self.held[i]
+                self.held[i] = -1
+                self._advance(self.slot[i], now)
+                self.passing = True
+                return i
+        return -1
+
+    def deadline(self, now):
+        """Milliseconds until due() has work (1000 when nothing is held)."""
+        t = 1000
+        for i in range(len(self.slot)):
+            if self.held[i] >= 0:
+                t = min(t, self.nxt[self.slot[i]] - now)
+        return max(0, t)
+
+    def rebase(self, d):
+        for s in range(len(self.nxt)):
+            self.nxt[s] -= d
 
 
 # ---------------------------------------------------------------------------

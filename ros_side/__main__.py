@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="direct mode: serve UBRB clients on this TCP address, no gateway host",
     )
     host_cli.add_limit_arguments(p.add_argument_group("direct mode limits"), "pc")
+    host_cli.add_policy_arguments(p.add_argument_group("direct mode allow-lists and throttle"))
     add_arguments(p)
     host_cli.add_log_argument(p)
     return p
@@ -125,17 +126,24 @@ def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
     """rclpy backend: the flags in effect become the node's parameters (they mirror each other)."""
     declare = getattr(companion.backend, "declare_parameters", None)
     if declare is not None:
-        declare({k: v for k, v in vars(args).items() if v is not None})
+        # A repeatable flag (--throttle, --msg-path) is one comma-separated string parameter.
+        declare({k: ",".join(map(str, v)) if isinstance(v, list) else v
+                 for k, v in vars(args).items() if v is not None and v != []})
 
 
 def run_direct(args: argparse.Namespace) -> int:
     profile = host_cli.load_profile(args, "ros_side")
     if profile is None:
         return 2
+    policy = host_cli.load_policy(args, "ros_side")
+    if policy is None:
+        return 2
     host_cli.log_budget(args.profile, profile)
     companion = make_companion(args, None, profile["max_payload"])
     declare_parameters(companion, args)
     gw = core.Gateway(profile, ros=companion, log=host_cli.make_logger(), new_buffer=mapped_buffer)
+    if policy.active():
+        gw.set_policy(policy, new_buffer=mapped_buffer)
     try:
         server = GatewayServer(gw, host_cli.parse_hostport(args.listen),
                                link=CompanionPump(companion))

@@ -25,7 +25,27 @@ def add_arguments(parser):
     g.add_argument("--node-name", default="ros_side", help="rclpy backend: node name")
     g.add_argument("--no-diagnostics", action="store_true",
                    help="do not publish /diagnostics")
+    g.add_argument("--max-history-bytes", type=_size, default=None, metavar="N",
+                   help="what DDS writers and readers may hold for the gateway's topics: each "
+                        "topic reserves depth x the largest message (--max-message; direct "
+                        "mode --max-payload); a registration beyond it gets ERROR "
+                        "resource_exhausted (suffixes K, M, G; default half the physical memory)")
     return parser
+
+
+def _size(text):
+    """'512M' -> 536870912 (suffixes K, M, G: powers of 1024)."""
+    import argparse
+    t = str(text).strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if mult > 1 else t)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a byte count such as 268435456 or 256M, "
+                                         "got %r" % text) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must not be negative: %r" % text)
+    return n * mult
 
 
 def ros_params_as_flags(argv):
@@ -76,4 +96,6 @@ def make_companion(args, sink=None, max_message=64 * 1024 * 1024, **kw):
                            msg_paths=args.msg_path, node_name=args.node_name)
     if args.no_diagnostics:
         kw["diagnostics_period_ms"] = 0
+    if getattr(args, "max_history_bytes", None) is not None:
+        kw["max_history_bytes"] = args.max_history_bytes
     return Companion(backend, sink, max_message, **kw)

@@ -51,9 +51,24 @@ from .qos import check_qos, qos_dict
 log = logging.getLogger("ros_side.companion")
 
 
+def default_history_bytes():
+    """--max-history-bytes when not given: half of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 30
+
+
+def _mib(n):
+    if n < 1048576:
+        return "%.1f KiB" % (n / 1024.0)
+    return "%.1f MiB" % (n / 1048576.0)
+
+
 class _Entity:
     __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
-                 "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes")
+                 "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
+                 "history_charge")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -69,6 +84,7 @@ class _Entity:
         self.too_large_last = None  # now of the last report (loop thread)
         self.msgs = 0
         self.bytes = 0
+        self.history_charge = 0     # bytes of --max-history-bytes this entity reserves
 
 
 class Companion:
@@ -78,7 +94,8 @@ class Companion:
                  queue_limit=1024, queue_bytes=64 * 1024 * 1024,
                  sub_count_interval_ms=100, sub_count_grace_ms=200,
                  too_large_interval_ms=1000, diagnostics_period_ms=1000,
-                 diagnostics_topic="/diagnostics", hardware_id="ubrb"):
+                 diagnostics_topic="/diagnostics", hardware_id="ubrb",
+                 max_history_bytes=None):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -92,6 +109,14 @@ class Companion:
         self._diag_topic = diagnostics_topic
         self._hardware_id = hardware_id
         self._check_topic = getattr(backend, "check_topic", None) or check_topic
+        # What DDS may hold for the gateway's registrations: each writer and reader keeps up
+        # to depth samples, each at most max_message bytes (larger ones are refused before
+        # DDS sees them), so an entity reserves depth x max_message of this budget.
+        self.history_limit = (default_history_bytes() if max_history_bytes is None
+                              else int(max_history_bytes))
+        self.history_used = 0
+        log.info("DDS history budget %s (--max-history-bytes): each topic reserves depth x "
+                 "the largest message", _mib(self.history_limit))
 
         self._pub_slots = {}      # slot -> _Entity
         self._sub_slots = {}
@@ -239,6 +264,11 @@ class Companion:
             return
         ent = same_kind.get(topic)
         if ent is None:
+            charge = q[2] * self._max_message
+            refusal = self._history_refusal(topic, q[2], charge)
+            if refusal is not None:
+                self._result(kind, slot, "resource_exhausted", refusal)
+                return
             ent = _Entity(kind, topic, ros_type, q, None)
             try:
                 if kind == "pub":
@@ -254,12 +284,24 @@ class Companion:
                 self._result(kind, slot, "unknown_type", "%s: failed to load: %s" % (ros_type, e))
                 return
             same_kind[topic] = ent
+            ent.history_charge = charge
+            self.history_used += charge
         ent.slots.add(slot)
         slots[slot] = ent
         if kind == "pub":
             self._reported.pop(slot, None)
             self._next_count = None  # look at counts on the next poll
         self._result(kind, slot, None, "")
+
+    def _history_refusal(self, topic, depth, charge):
+        """None if a new entity of `depth` fits the history budget, else the refusal's text."""
+        if self.history_used + charge <= self.history_limit:
+            return None
+        return ("%s: depth %d x %s per message = %s of DDS history exceeds the companion's "
+                "budget (--max-history-bytes %d, %s in use): lower the depth, or raise "
+                "--max-history-bytes, or lower --max-message"
+                % (topic, depth, _mib(self._max_message), _mib(charge), self.history_limit,
+                   _mib(self.history_used)))
 
     def _check_conflicts(self, kind, topic, ros_type, q, same_kind, other_kind):
         ent = same_kind.get(topic)
@@ -293,6 +335,8 @@ class Companion:
         if same_kind.get(ent.topic) is ent:
             del same_kind[ent.topic]
         handle, ent.handle = ent.handle, None
+        self.history_used -= ent.history_charge
+        ent.history_charge = 0
         try:
             if kind == "pub":
                 self.backend.destroy_publisher(handle)
@@ -428,6 +472,8 @@ class Companion:
         d["queue_bytes"] = qbytes
         d["queue_fill_pct"] = (100 * qlen) // self._queue_limit if self._queue_limit else 0
         d["max_message"] = self._max_message
+        d["history_bytes_reserved"] = self.history_used
+        d["history_bytes_limit"] = self.history_limit
         d.update(self.stats)
         cb_err = getattr(self.backend, "callback_errors", None)
         if cb_err is not None:

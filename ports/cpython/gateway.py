@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"'none' runs without a ROS side (default {DEFAULT_LINK})",
     )
     cli.add_limit_arguments(ap, "pi")
+    cli.add_policy_arguments(ap.add_argument_group("who and what (allow-lists, throttle)"))
     cli.add_log_argument(ap)
     return ap
 
@@ -71,6 +72,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     profile = cli.load_profile(args, "ubrb_min.py")
     if profile is None:
         return 2
+    policy = cli.load_policy(args, "ubrb_min.py")
+    if policy is None:
+        return 2
     try:
         ros, link = open_link(args, profile)
     except (OSError, RuntimeError, ValueError) as e:
@@ -81,6 +85,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sizes = core.link_sizes(profile["max_payload"], link.t.datagram, args.link_mtu)
     cli.log_budget(args.profile, profile, sizes)
     gw = core.Gateway(profile, ros=ros, log=cli.make_logger(), new_buffer=mapped_buffer)
+    if policy.active():
+        gw.set_policy(policy, new_buffer=mapped_buffer)
     try:
         server = GatewayServer(gw, cli.parse_hostport(args.listen), link=link)
     except OSError as e:

@@ -28,7 +28,8 @@ OPTIONS = (
     ("rx", "i", None, "UART RX pin"),
     ("link_mtu", "i", core.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
     ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(core.PROFILES))),
-) + tuple([(key, "i", None, text) for key, text in core.LIMITS]) + (
+) + tuple([(key, "i", None, text) for key, text in core.LIMITS]) + tuple(
+    [(key, "s", None, text) for key, _, text in core.POLICY_OPTIONS]) + (
     ("log_level", "s", "info", "debug, info, warning or error"),
     ("wifi_ssid", "s", None, "join this Wi-Fi network first (default: config.WIFI_SSID)"),
     ("wifi_password", "s", None, "its password (default: config.WIFI_PASSWORD)"),
@@ -152,6 +153,7 @@ def start(opts, io=None, log=None):
     log = log if log is not None else Log(opts["log_level"])
     profile = profile_from(opts)
     kind = core.parse_link_url(opts["link"])[0]  # ValueError here, before Wi-Fi, if malformed
+    policy = core.Policy.from_options(opts)  # allow-lists, throttle: ValueError here too
     sizes = None
     if kind != "none":
         sizes = core.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
@@ -173,6 +175,8 @@ def start(opts, io=None, log=None):
     if drv is None:
         log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")
     gw = core.Gateway(profile, ros=ros, log=log)
+    if policy.active():
+        gw.set_policy(policy)
     loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,
                        stats_ms=opts["stats_ms"])
     gc.collect()

@@ -626,3 +626,21 @@ def test_link_relay_allocation_per_message():
     finally:
         gc.enable()
     print("one STATS record (every stats_ms, default 1 s): %d bytes" % stats)
+
+
+def test_allow_lists_and_throttle_flags_on_the_micropython_port():
+    # issue 13: the policy flags are the CPython port's, parsed by the core on the board too
+    o = G.parse_args(["--allow-topics", "/ue/*", "--deny-topics", "/ue/x", "--throttle",
+                      "/ue/imu=50", "--allow-clients", "127.0.0.0/8"])
+    assert o["allow_topics"] == "/ue/*" and o["throttle"] == "/ue/imu=50"
+    assert "--allow-clients" in G.usage() and "--throttle" in G.usage()
+    rig = Rig(allow_topics="/ue/*", throttle="/ue/imu=50")
+    rig.up()
+    assert rig.gw.throttle is not None and rig.gw.policy.throttle == [("/ue/imu", 20)]
+    c = rig.connect()
+    c.send(hello() + subscribe(1, "/odom", "nav_msgs/msg/Odometry", QOS_R))
+    rig.run(50)
+    errs = [json.loads(p) for op, p in frames(c) if op == U.OP_ERROR]
+    assert [(e["code"], e["id"]) for e in errs] == [("topic_denied", 1)]
+    io = ML.IO(None, None, None, None, None, None)
+    assert G.main(["--allow-clients", "10.0.0.300"], io) == 2  # one line, exit 2

@@ -53,6 +53,27 @@ def add_limit_arguments(group: argparse._ActionsContainer, default_profile: str)
         )
 
 
+def add_policy_arguments(group: argparse._ActionsContainer) -> None:
+    """One flag per ubrb_min.POLICY_OPTIONS entry (allow-lists, throttle), the same help text on
+    both ports; --throttle may be repeated."""
+    for key, metavar, text in core.POLICY_OPTIONS:
+        flag = "--" + key.replace("_", "-")
+        if key == "throttle":
+            group.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
+        else:
+            group.add_argument(flag, default=None, metavar=metavar, help=text)
+
+
+def load_policy(args: argparse.Namespace, prog: str) -> Optional[core.Policy]:
+    """The Policy the flags ask for; None (after one line on stderr) when one does not parse."""
+    try:
+        return core.Policy.from_options({k: getattr(args, k, None)
+                                         for k, _, _ in core.POLICY_OPTIONS})
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+
+
 def add_log_argument(group: argparse._ActionsContainer) -> None:
     group.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                        help="logging threshold (default info)")
