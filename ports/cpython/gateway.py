@@ -26,7 +26,7 @@ STATS_PERIOD_MS = 1000  # gateway counters to the companion (its /diagnostics)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.Parser(
         prog="ubrb_min.py",
         description=(
             "UBRB v1 gateway: serves Unreal Engine uBotROS clients over TCP and relays their "
@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--listen",
         default=DEFAULT_LISTEN,
+        type=cli.listen_address,
         metavar="HOST:PORT",
-        help=f"TCP address for UBRB clients (default {DEFAULT_LISTEN})",
+        help=f"TCP address for UBRB clients; port 0 picks a free one (default {DEFAULT_LISTEN})",
     )
     cli.add_link_arguments(
         ap,
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"'none' runs without a ROS side (default {DEFAULT_LINK})",
     )
     cli.add_limit_arguments(ap, "pi")
-    cli.add_log_argument(ap)
+    cli.add_program_arguments(ap, f"{core.VERSION} (UBRB v1)")
     return ap
 
 
@@ -66,8 +67,13 @@ def open_link(args: argparse.Namespace,
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The gateway program: one line and exit 2 for a usage mistake, 1 for a runtime failure."""
+    return cli.run_program("ubrb_min.py", run, argv)
+
+
+def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    cli.setup_logging(args.log_level)
+    cli.setup_logging(cli.log_level_of(args))
     profile = cli.load_profile(args, "ubrb_min.py")
     if profile is None:
         return 2
@@ -75,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         ros, link = open_link(args, profile)
     except (OSError, RuntimeError, ValueError) as e:
         print(f"ubrb_min.py: cannot open link {args.link}: {e}", file=sys.stderr)
-        return 2
+        return 1
     sizes = None
     if link is not None:
         sizes = core.link_sizes(profile["max_payload"], link.t.datagram, args.link_mtu)
@@ -96,10 +102,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.link,
     )
     last_stats = [0]
+    watch = None
+    if link is not None:
+        watch = host_link.LinkWatch(link, args.link, "companion", now_ms(),
+                                    "; clients stay connected, their topics wait for it")
 
     def report_stats() -> bool:
         # The companion publishes these on /diagnostics with its own and the link's counters.
         now = now_ms()
+        if watch is not None:
+            watch.check(now)
         if ros is not None and now - last_stats[0] >= STATS_PERIOD_MS:
             last_stats[0] = now
             stats = gw.counters()
@@ -108,7 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return False
 
     server.serve(report_stats)
-    log.info("stopped; counters: %s", gw.counters())
-    if link is not None:
-        log.info("link counters: %s", link.counters())
+    log.info("stopped")
+    cli.log_counters({"gateway": gw.counters(),
+                      "link": link.counters() if link is not None else {}})
     return 0
