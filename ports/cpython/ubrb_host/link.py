@@ -94,6 +94,21 @@ class UdpTransport:
         self.sock.close()
 
 
+def serial_problem(e: BaseException) -> str:
+    """Why a serial device did not open, in words (pyserial nests the OS error in its text)."""
+    import errno
+
+    code = getattr(e, "errno", None)
+    text = str(e)
+    if code == errno.ENOENT or "No such file" in text:
+        return "no such device: check the path, e.g. ls /dev/serial/by-id/"
+    if code == errno.EACCES or "Permission denied" in text:
+        return "permission denied: add this user to the dialout group"
+    if code == errno.EBUSY or "busy" in text.lower():
+        return "busy: another program has it open"
+    return text
+
+
 class SerialTransport:
     datagram = False
 
@@ -111,7 +126,8 @@ class SerialTransport:
         try:
             self.open()
         except Exception as e:  # not plugged in yet: the driver keeps retrying
-            log.warning("link: cannot open %s yet: %s", path, e)
+            log.warning("link: cannot open %s yet (%s); retrying every %.1f s", path,
+                        serial_problem(e), REOPEN_MS / 1000)
 
     def open(self) -> None:
         import serial  # pyserial
