@@ -354,3 +354,11 @@ def format_counters(groups: Dict[str, Dict[str, int]]) -> str:
 def log_counters(groups: Dict[str, Dict[str, int]]) -> None:
     for line in format_counters(groups).splitlines():
         log.info(line)
+
+
+def script_parser(prog: str, doc: str) -> Parser:
+    """The parser of a bench or tool script: its docstring as --help (figures are printed only
+    when it runs), --version and the log flags of every program."""
+    p = Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_program_arguments(p, core.VERSION)
+    return p
