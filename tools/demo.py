@@ -340,13 +340,7 @@ class Demo:
 
         t0 = self.step("DDS domain (loopback only)")
         if a.domain is None:
-            domain = 0
-            for _ in range(10):
-                domain = random.randint(1, 200)
-                if not other_participants(domain):
-                    break
-                self.check()
-            a.domain = domain
+            a.domain = domain = pick_domain()
             self.ok(t0, "domain", "%d: random, unused; ROS_DOMAIN_ID or --domain sets it"
                     % domain)
         else:
@@ -491,6 +485,17 @@ class Demo:
         else:
             self.say("logs kept in %s" % self.log_dir)
         return code
+
+
+def pick_domain(tries: int = 10) -> int:
+    """A random DDS domain 1..200 that no participant on this machine uses (the last one tried
+    if all are taken)."""
+    domain = 0
+    for _ in range(tries):
+        domain = random.randint(1, 200)
+        if not other_participants(domain):
+            break
+    return domain
 
 
 def other_participants(domain: int, wait: float = 0.3) -> int:
