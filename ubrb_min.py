@@ -1235,6 +1235,9 @@ class Gateway:
         if self.ros_ready:
             self._log("warning", "ROS side unreachable; keeping registrations")
         self.ros_ready = False
+        # HELLO_ACK tells a client whether anything is behind the gateway (a PUBLISH now is
+        # dropped_no_ros): "unknown" again until the ROS side reports back.
+        self.ros_distro = "unknown"
 
     def ros_result(self, kind, slot, code, message):
         if code is None:
