@@ -138,7 +138,7 @@ def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
 
 
 def run_direct(args: argparse.Namespace) -> int:
-    profile = host_cli.load_profile(args, "ros_side")
+    profile = host_cli.load_profile(args, program_name())
     if profile is None:
         return 2
     host_cli.log_budget(args.profile, profile)
@@ -150,8 +150,7 @@ def run_direct(args: argparse.Namespace) -> int:
                                link=CompanionPump(companion))
     except OSError as e:
         companion.close()
-        print(f"ros_side: cannot listen on {args.listen}: {e}", file=sys.stderr)
-        return 1
+        raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
     signal.signal(signal.SIGINT, server.stop)
     signal.signal(signal.SIGTERM, server.stop)
     companion.start()  # tells the gateway core the ROS side is up (distro, max message)
@@ -191,8 +190,7 @@ def run_link(args: argparse.Namespace) -> int:
         end = LinkCompanionEnd(session, companion)
     except (OSError, RuntimeError, ValueError) as e:
         companion.close()
-        print(f"ros_side: cannot open link {args.link}: {e}", file=sys.stderr)
-        return 1
+        raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
     companion.sink = end
     running = [True]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from typing import Any, Dict, List, Optional
 
 import ubrb_min as core
@@ -80,8 +79,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     try:
         ros, link = open_link(args, profile)
     except (OSError, RuntimeError, ValueError) as e:
-        print(f"ubrb_min.py: cannot open link {args.link}: {e}", file=sys.stderr)
-        return 1
+        raise cli.Fatal(f"cannot open link {args.link}: {cli.os_problem(e)}")
     sizes = None
     if link is not None:
         sizes = core.link_sizes(profile["max_payload"], link.t.datagram, args.link_mtu)
@@ -90,8 +88,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     try:
         server = GatewayServer(gw, cli.parse_hostport(args.listen), link=link)
     except OSError as e:
-        print(f"ubrb_min.py: cannot listen on {args.listen}: {e}", file=sys.stderr)
-        return 1
+        raise cli.Fatal(f"cannot listen on {args.listen}: {cli.os_problem(e)}")
     signal.signal(signal.SIGINT, server.stop)
     signal.signal(signal.SIGTERM, server.stop)
     log.info(

@@ -301,6 +301,19 @@ def log_level_of(args: argparse.Namespace) -> str:
     return LOG_LEVELS[max(0, min(len(LOG_LEVELS) - 1, i))]
 
 
+def os_problem(e: BaseException) -> str:
+    """An OSError in words, without its errno number; other errors as their text."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno is not None:
+        words = {errno.EADDRINUSE: "address already in use (another program has this port; "
+                                   "pick another, or stop it)",
+                 errno.EADDRNOTAVAIL: "this machine has no such address",
+                 errno.EACCES: "permission denied (ports below 1024 need root)"}
+        return words.get(e.errno, (e.strerror or str(e)).lower())
+    return str(e)
+
+
 def missing_dependency(e: ImportError) -> Optional[str]:
     """The one line for an optional dependency that is not installed (None: not one of ours)."""
     name = (e.name or "").split(".")[0]
