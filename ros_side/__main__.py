@@ -173,7 +173,7 @@ def run_direct(args: argparse.Namespace) -> int:
 
     server.serve(until)
     log.info("stopped")
-    host_cli.log_counters({"gateway": gw.counters()})
+    host_cli.log_counters({"gateway": gw.counters()}, log)
     return 0
 
 
@@ -246,7 +246,7 @@ def run_link(args: argparse.Namespace) -> int:
         companion.close()
         sel.close()
     log.info("stopped")
-    host_cli.log_counters({"link": driver.counters()})
+    host_cli.log_counters({"link": driver.counters()}, log)
     return 0
 
 

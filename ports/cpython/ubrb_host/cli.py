@@ -364,9 +364,10 @@ def format_counters(groups: Dict[str, Dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
-def log_counters(groups: Dict[str, Dict[str, int]]) -> None:
+def log_counters(groups: Dict[str, Dict[str, int]],
+                 logger: Optional[logging.Logger] = None) -> None:
     for line in format_counters(groups).splitlines():
-        log.info(line)
+        (logger or log).info(line)
 
 
 def script_parser(prog: str, doc: str) -> Parser:
