@@ -112,8 +112,11 @@ def _refusal(c: Client, id_: int) -> Any:
 def _add_qos(p, default: str):
     p.add_argument("--qos", choices=("reliable", "best_effort"), default=None,
                    help=f"reliability (default {default})")
-    p.add_argument("--durability", choices=("volatile", "transient_local"), default="volatile")
-    p.add_argument("--depth", type=int, default=10, help="history depth (KEEP_LAST)")
+    p.add_argument("--durability", choices=("volatile", "transient_local"), default="volatile",
+                   help="transient_local: late subscribers get the last messages (default "
+                        "volatile)")
+    p.add_argument("--depth", type=host_cli.positive_int, default=10,
+                   help="history depth (KEEP_LAST, default 10)")
 
 
 def _strip_arrays(d):

@@ -16,6 +16,7 @@ COMPANION = [PY, "-m", "ros_side"]
 CLIENT = [PY, "-m", "ubrb_client"]
 DEMO = [PY, "tools/demo.py"]
 LATENCY = [PY, "tools/latency.py"]
+OBSERVER = [PY, "tools/ros_observer.py"]
 # `python -S`: no site-packages at all, as on a machine where nothing was pip-installed
 PLAIN = [PY, "-S"]
 # A host name Python's IDNA codec refuses before any lookup: "cannot resolve" without sending a

@@ -16,13 +16,14 @@ from typing import List
 import pytest
 
 import ubrb_min as U
-from tests.cli.helpers import (CLIENT, COMPANION, DEMO, DOMAIN, GATEWAY, LATENCY, PY, one_line,
-                               run)
+from tests.cli.helpers import (CLIENT, COMPANION, DEMO, DOMAIN, GATEWAY, LATENCY, OBSERVER, PY,
+                               one_line, run)
 from tests.support.loopback_ports import free_port
 from tests.support.procs import ROOT, Proc
 
 BENCHES = [[PY, "bench/link_efficiency.py"], [PY, "bench/core_relay.py"]]
-PROGRAMS = [GATEWAY, COMPANION, CLIENT, CLIENT + ["echo"], DEMO, LATENCY] + BENCHES
+PROGRAMS = [GATEWAY, COMPANION, CLIENT, CLIENT + ["echo"], DEMO, LATENCY,
+            OBSERVER + ["echo"]] + BENCHES
 
 
 @pytest.mark.parametrize("argv", PROGRAMS, ids=lambda a: " ".join(a[1:]))
@@ -32,7 +33,8 @@ def test_version(argv: List[str]) -> None:
     assert re.fullmatch(r"\S.* %s( \(UBRB v1\))?\n" % re.escape(U.VERSION), r.stdout), r.stdout
 
 
-@pytest.mark.parametrize("argv", [GATEWAY, COMPANION, CLIENT + ["pub"], DEMO, LATENCY] + BENCHES,
+@pytest.mark.parametrize("argv", [GATEWAY, COMPANION, CLIENT + ["pub"], DEMO, LATENCY,
+                                  OBSERVER + ["watch"]] + BENCHES,
                          ids=lambda a: " ".join(a[1:]))
 def test_log_flags_everywhere(argv: List[str]) -> None:
     out = run(argv + ["--help"]).stdout

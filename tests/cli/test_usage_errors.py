@@ -7,8 +7,8 @@ from typing import Dict, List
 
 import pytest
 
-from tests.cli.helpers import (CLIENT, COMPANION, DEMO, GATEWAY, LATENCY, UNRESOLVABLE, one_line,
-                               run)
+from tests.cli.helpers import (CLIENT, COMPANION, DEMO, GATEWAY, LATENCY, OBSERVER, UNRESOLVABLE,
+                               one_line, run)
 
 PUB = CLIENT + ["pub", "/chatter", "std_msgs/msg/String"]
 ECHO = CLIENT + ["echo", "/chatter", "std_msgs/msg/String"]
@@ -52,6 +52,9 @@ CASES = [
     (DEMO + ["--domain", "999"], {}, ["--domain: DDS domain must be 0-232"]),
     (DEMO, {"ROS_DOMAIN_ID": "abc"}, ["ROS_DOMAIN_ID=abc"]),
     (LATENCY + ["--domain", "-1"], {}, ["--domain: DDS domain must be 0-232"]),
+    (OBSERVER + ["echo", "--domain", "233"], {}, ["--domain: DDS domain must be 0-232"]),
+    (OBSERVER + ["watch"], {"ROS_DOMAIN_ID": "x"}, ["ROS_DOMAIN_ID=x"]),
+    (OBSERVER + ["echo", "--ros-distro", "bogus"], {}, ["--ros-distro: no message definitions"]),
     # -- durations and counts -------------------------------------------------------------------
     (COMPANION + ["--release-after", "-1"], {}, ["--release-after: seconds must be 0 or more"]),
     (DEMO + ["--duration", "-1"], {}, ["--duration: seconds must be 0 or more, got -1"]),
@@ -59,6 +62,7 @@ CASES = [
     (PUB + ["--wait", "soon"], {}, ["--wait: expected seconds, got 'soon'"]),
     (PUB + ["--rate", "-5"], {}, ["--rate: rate must be 0 or more Hz"]),
     (CLIENT + ["bench", "--size", "8"], {}, ["--size: payload must be at least 16 bytes"]),
+    (ECHO + ["--depth", "0"], {}, ["--depth: must be at least 1"]),
     (LATENCY + ["--count", "0"], {}, ["--count: must be at least 1"]),
     # -- what the parser cannot check: message type and fields ----------------------------------
     (PUB[:-1] + ["foo/Bar"], {}, ["pub: unknown message type foo/msg/Bar:", "--msg-path"]),
