@@ -27,8 +27,10 @@ DOMAIN = 150 + os.getpid() % 60
 
 
 def run(argv: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 60,
-        **env_set: str) -> subprocess.CompletedProcess:
+        extra_env: Optional[Dict[str, str]] = None, **env_set: str) -> subprocess.CompletedProcess:
+    """`argv` in the repository with DDS on loopback, plus `extra_env` / `env_set` variables."""
     e = dict(env if env is not None else child_env(DOMAIN))
+    e.update(extra_env or {})
     e.update(env_set)
     return subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)

@@ -95,8 +95,8 @@ def test_shutdown_counters_are_a_short_aligned_table() -> None:
     time.sleep(0.2)
     assert g.stop(signal.SIGINT) == 0
     table = g.text().split("counters (non-zero):\n", 1)[1].splitlines()
-    rows = [re.match(r".* INFO ubrb\.gateway:   (\S+)( +)(\d+)$", line) for line in table]
-    rows = [m for m in rows if m]
+    rows = [m for m in (re.match(r".* INFO ubrb\.gateway:   (\S+)( +)(\d+)$", line)
+                        for line in table) if m is not None]
     assert rows and all(int(m.group(3)) > 0 for m in rows), table
     assert "gateway.clients_accepted" in [m.group(1) for m in rows]
     ends = {len(m.group(1)) + len(m.group(2)) + len(m.group(3)) for m in rows}

@@ -77,7 +77,7 @@ CASES = [
                              for a, e, _ in CASES])
 def test_mistake_is_one_line_and_exit_2(argv: List[str], env: Dict[str, str],
                                         says: List[str]) -> None:
-    line = one_line(run(argv, **env), 2, *says)
+    line = one_line(run(argv, extra_env=env), 2, *says)
     if "pub: unknown message type" in line:
         assert "'" not in line.split("type", 1)[1].split(":")[0]  # no stray quotes on the name
 
