@@ -513,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="laser beams per scan (default 360)")
     p.add_argument("--namespace", default="", help="prefix for every topic, e.g. /robot1")
     p.set_defaults(func=cmd_sim)
+    for sub in [ap, *sp.choices.values()]:
+        sub.epilog = host_cli.EXIT_HELP
     return ap
 
 

@@ -114,11 +114,14 @@ def make_logger() -> Callable[[str, str], None]:
 # ---------------------------------------------------------------------------------------------
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+EXIT_HELP = ("exit status: 0 done, 1 failed at run time (one line says why), 2 usage mistake "
+             "(one line says which); --log-level debug adds the traceback of an unexpected failure")
 DDS_DOMAIN_MAX = 232  # the largest DDS domain id the RTPS port mapping allows
 
 # A missing optional dependency (the top-level module name) -> what installs it.
 MISSING_FIXES = {
-    "cyclonedds": "the dds backend needs it: pip install '.[dds]' (from the repository root)",
+    "cyclonedds": "the dds backend needs it: pip install '.[dds]' (from the repository root; "
+                  "with ROS 2 installed, source it for the rclpy backend instead)",
     "rosbags": "ROS message definitions need it: pip install '.[dds]' (companion) or "
                "pip install '.[client]' (client)",
     "serial": "serial links need pyserial: pip install '.[serial]'",
@@ -283,12 +286,19 @@ def add_program_arguments(parser: argparse.ArgumentParser, version: str,
     """--version, and the log threshold three ways: --log-level, -v (one step more: -vv two),
     -q (one step less). `log_level_of(args)` turns them into one level."""
     parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
+    if parser.add_help:  # a shared parent's text would repeat in every subcommand
+        parser.epilog = (parser.epilog + "\n\n" if parser.epilog else "") + EXIT_HELP
     g = parser.add_argument_group("output")
     add_log_argument(g, default=None, default_level=default_level)
+    i = LOG_LEVELS.index(default_level)
+    more = ", ".join("-%s %s" % ("v" * (k + 1), lvl)
+                     for k, lvl in enumerate(reversed(LOG_LEVELS[:i])))
+    less = ", ".join("-%s %s" % ("q" * (k + 1), lvl)
+                     for k, lvl in enumerate(LOG_LEVELS[i + 1:]))
     g.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more log output (-vv: more still)")
+                   help=f"more log output ({more or 'already debug'})")
     g.add_argument("-q", "--quiet", action="count", default=0,
-                   help="less log output: warnings and errors only (-qq: errors only)")
+                   help=f"less log output ({less or 'already errors only'})")
     parser.set_defaults(default_log_level=default_level)
 
 
