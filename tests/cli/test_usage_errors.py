@@ -41,6 +41,8 @@ CASES = [
     (DEMO + ["--ports", "8268,x"], {}, ["--ports expects GW[,LINK]"]),
     # -- ROS settings ---------------------------------------------------------------------------
     (COMPANION + ["--domain", "999"], {}, ["--domain: DDS domain must be 0-232, got 999"]),
+    (COMPANION + ["--ros-args", "-p", "domain:=999"], {}, ["--domain: DDS domain must be 0-232"]),
+    (CLIENT, {}, ["the following arguments are required"]),
     (COMPANION + ["--ros-distro", "bogus"], {},
      ["--ros-distro: no message definitions for ROS 2 distro 'bogus'", "humble"]),
     (COMPANION, {"ROS_DISTRO": "rolling"},
