@@ -42,7 +42,13 @@ for _path in (ROOT, os.path.join(ROOT, "ports", "cpython")):  # the repo, the sh
 
 from ubrb_host import cli as host_cli  # noqa: E402
 
-from ros_side.backends.dds import LOOPBACK_XML  # noqa: E402  (no DDS entity is created on import)
+DDS_MISSING: Optional[ImportError] = None
+try:
+    from ros_side.backends.dds import LOOPBACK_XML  # noqa: E402  (no DDS entity on import)
+except ImportError as _missing:
+    if __name__ != "__main__":
+        raise  # an importer (tools/demo.py) says so itself
+    DDS_MISSING, LOOPBACK_XML = _missing, ""  # main() says so in one line
 
 QosDict = Dict[str, Any]
 
@@ -695,6 +701,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     host_cli.setup_logging(host_cli.log_level_of(args))
+    if DDS_MISSING is not None:
+        raise DDS_MISSING  # the one-line "pip install '.[dds]'" of run_program
     loop = use_loopback(force=args.loopback)
     if not loop:
         print("ros_observer: using CYCLONEDDS_URI from the environment (not loopback-only)",

@@ -46,6 +46,11 @@ def test_demo_without_cyclonedds_names_the_extra() -> None:
              "tools/demo.py: cyclonedds is not installed", "pip install '.[dds]'")
 
 
+def test_observer_without_cyclonedds_names_the_extra() -> None:
+    one_line(run(PLAIN + ["tools/ros_observer.py", "echo", "--duration", "1"]), 1,
+             "tools/ros_observer.py: cyclonedds is not installed", "pip install '.[dds]'")
+
+
 def test_unexpected_failure_has_a_traceback_only_with_debug() -> None:
     # a Cyclone configuration that does not parse: not one of the expected failures
     env = child_env(DOMAIN)
