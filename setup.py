@@ -1,6 +1,11 @@
 # One setup.py serves colcon (ament_python)
-# and pip: `colcon build` finds package.xml at the repo root; `pip install .[dds]` installs the
-# same modules with the PyPI backend.
+# and pip: `colcon build` finds package.xml at the repo root; pip installs the same modules.
+# What each machine installs (README, "Install"):
+#   gateway host (Pi):  nothing - copy ubrb_min.py + ports/, or `pip install .` (stdlib only);
+#                       `pip install '.[serial]'` for a serial link
+#   ROS 2 PC, no ROS:   pip install '.[dds]'        (cyclonedds + rosbags: the dds backend)
+#   ROS 2 PC with ROS:  colcon build (the rclpy backend needs nothing from PyPI)
+#   client machine:     pip install '.[client]'     (rosbags message definitions + PyYAML)
 from glob import glob
 
 from setuptools import setup
@@ -22,10 +27,13 @@ setup(
         ("share/" + package_name + "/launch", glob("ros_side/launch/*.launch.py")),
     ],
     install_requires=["setuptools"],
+    # Versions as pinned in requirements-dev.txt (what the tests run against).
     extras_require={
         "dds": ["cyclonedds==11.0.1", "rosbags==0.11.9"],
-        "serial": ["pyserial"],
+        "serial": ["pyserial==3.5"],
+        "client": ["rosbags==0.11.9", "PyYAML==6.0.4"],
     },
+    python_requires=">=3.10",
     zip_safe=True,
     maintainer="UBRB maintainers",
     maintainer_email="maintainer@example.com",

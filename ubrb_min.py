@@ -1309,6 +1309,9 @@ class Gateway:
         if self.ros_ready:
             self._log("warning", "ROS side unreachable; keeping registrations")
         self.ros_ready = False
+        # HELLO_ACK tells a client whether anything is behind the gateway (a PUBLISH now is
+        # dropped_no_ros): "unknown" again until the ROS side reports back.
+        self.ros_distro = "unknown"
 
     def ros_result(self, kind, slot, code, message):
         if code is None:
@@ -1964,9 +1967,12 @@ def parse_link_url(url):
         if not port:
             return "udp", host, LINK_DEFAULT_UDP_PORT
         try:
-            return "udp", host, int(port)
+            n = int(port)
         except ValueError:
-            raise ValueError("bad port %r in %r" % (port, url))
+            raise ValueError("bad port %r in %r: expected a number 1-65535" % (port, url))
+        if not 1 <= n <= 65535:
+            raise ValueError("port %d in %r is out of range: expected 1-65535" % (n, url))
+        return "udp", host, n
     for prefix in ("serial:", "uart:"):
         if url.startswith(prefix):
             path = url[len(prefix):]

@@ -363,12 +363,14 @@ class Chain:
         return out
 
 
-def last_counters(output: str, what: str = "link counters") -> Dict[str, Any]:
-    """The last ``<what>: {...}`` dict a program logged (the gateway logs its link counters
-    when it stops), or {}."""
-    import ast
-    found = re.findall(re.escape(what) + r": (\{.*\})", output)
-    return ast.literal_eval(found[-1]) if found else {}
+def last_counters(output: str, group: str = "link") -> Dict[str, Any]:
+    """The non-zero counters of one group from the table a program logs when it stops
+    (``  link.timeouts   17``), or {}."""
+    found: Dict[str, Any] = {}
+    for name, value in re.findall(r"^.*?\s" + re.escape(group) + r"\.(\w+)\s+(\d+)\s*$", output,
+                                  re.M):
+        found[name] = int(value)
+    return found
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 5.0, step: float = 0.01) -> Any:

@@ -11,7 +11,6 @@ Usage: .venv/bin/python bench/core_relay.py [--count N]
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -21,8 +20,10 @@ import tracemalloc
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "ports", "cpython"))
 
 from bench import relay_paths  # noqa: E402
+from ubrb_host.cli import positive_int, script_parser  # noqa: E402
 
 SIZES = (64, 1024, 65536)
 
@@ -88,8 +89,9 @@ def measure_micropython(count: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--count", type=int, default=10000)
+    ap = script_parser("bench/core_relay.py", __doc__ or "")
+    ap.add_argument("--count", type=positive_int, default=10000,
+                    help="relays per measurement (default %(default)s)")
     args = ap.parse_args()
     n = args.count
     print(f"CPython {sys.version.split()[0]}: {n} relays (one PUBLISH in + one MESSAGE out each)")

@@ -15,8 +15,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ports", "cpython"))
 
 import ubrb_min as L  # noqa: E402
+from ubrb_host.cli import script_parser  # noqa: E402
 
 
 class Sink:
@@ -85,6 +87,7 @@ def stream(datagram: bool, frame: int, size: int, count: int, reliable: bool,
 
 
 def main() -> None:
+    script_parser("bench/link_efficiency.py", __doc__ or "").parse_args()
     rows = []
     for name, dg, frame in (("serial", False, L.LINK_SERIAL_FRAME), ("serial 1K", False, 1024),
                             ("serial 2K", False, 2048), ("udp", True, L.LINK_DEFAULT_MTU)):

@@ -57,9 +57,17 @@ from ubrb_host.loop import GatewayServer, mapped_buffer  # noqa: E402
 from .link_end import LinkCompanionEnd  # noqa: E402
 
 
+def program_name() -> str:
+    """How the user started it: `python -m ros_side`, or `ros_side` (console script, ros2 run)."""
+    import os
+
+    arg0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m ros_side" if arg0 in ("", "__main__.py", "-m", "-c") else arg0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ros_side",
+    p = host_cli.Parser(
+        prog=program_name(),
         description=(
             "UBRB companion node: owns the ROS 2 publishers and subscriptions for a UBRB gateway, "
             "reached over a UDP or serial link (--link), or serves UBRB clients itself (--listen)."
@@ -73,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--max-message",
-        type=int,
+        type=host_cli.positive_int,
         default=None,
         metavar="BYTES",
         help="link mode: largest message this end accepts (default and cap: just under 8 MiB); "
@@ -81,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--release-after",
-        type=float,
+        type=host_cli.duration,
         default=30.0,
         metavar="S",
         help="link mode: release every ROS entity of a gateway whose link has been down this "
@@ -90,13 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--listen",
         default=None,
+        type=host_cli.listen_address,
         metavar="HOST:PORT",
         help="direct mode: serve UBRB clients on this TCP address, no gateway host",
     )
     host_cli.add_limit_arguments(p.add_argument_group("direct mode limits"), "pc")
     host_cli.add_policy_arguments(p.add_argument_group("direct mode allow-lists and throttle"))
     add_arguments(p)
-    host_cli.add_log_argument(p)
+    host_cli.add_program_arguments(p, f"{core.VERSION} (UBRB v1)")
     return p
 
 
@@ -132,7 +141,7 @@ def declare_parameters(companion: Any, args: argparse.Namespace) -> None:
 
 
 def run_direct(args: argparse.Namespace) -> int:
-    profile = host_cli.load_profile(args, "ros_side")
+    profile = host_cli.load_profile(args, program_name())
     if profile is None:
         return 2
     policy = host_cli.load_policy(args, "ros_side")
@@ -149,8 +158,7 @@ def run_direct(args: argparse.Namespace) -> int:
                                link=CompanionPump(companion))
     except OSError as e:
         companion.close()
-        print(f"ros_side: cannot listen on {args.listen}: {e}", file=sys.stderr)
-        return 1
+        raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
     signal.signal(signal.SIGINT, server.stop)
     signal.signal(signal.SIGTERM, server.stop)
     companion.start()  # tells the gateway core the ROS side is up (distro, max message)
@@ -172,7 +180,8 @@ def run_direct(args: argparse.Namespace) -> int:
         return False
 
     server.serve(until)
-    log.info("stopped; gateway counters: %s", gw.counters())
+    log.info("stopped")
+    host_cli.log_counters({"gateway": gw.counters()}, log)
     return 0
 
 
@@ -189,8 +198,7 @@ def run_link(args: argparse.Namespace) -> int:
         end = LinkCompanionEnd(session, companion)
     except (OSError, RuntimeError, ValueError) as e:
         companion.close()
-        print(f"ros_side: cannot open link {args.link}: {e}", file=sys.stderr)
-        return 1
+        raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
     companion.sink = end
     running = [True]
 
@@ -202,6 +210,9 @@ def run_link(args: argparse.Namespace) -> int:
     sel = selectors.DefaultSelector()
     sel.register(companion.wake_fd(), selectors.EVENT_READ, "companion")
     link_fd = -1
+    watch = host_link.LinkWatch(
+        driver, args.link, "gateway", now_ms(),
+        "; its publishers and subscriptions are kept for %g s" % args.release_after)
     log.info(
         "companion on link %s, backend %s (%s)",
         args.link,
@@ -228,6 +239,7 @@ def run_link(args: argparse.Namespace) -> int:
             companion.poll(now)
             driver.tick(now)
             driver.flush(now)
+            watch.check(now)
             if now - last_stats >= STATS_PERIOD_MS:
                 last_stats = now
                 companion.set_stats("link", driver.counters())
@@ -241,18 +253,30 @@ def run_link(args: argparse.Namespace) -> int:
         driver.close()
         companion.close()
         sel.close()
-    log.info("stopped; link counters: %s", driver.counters())
+    log.info("stopped")
+    host_cli.log_counters({"link": driver.counters()}, log)
     return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The companion program: one line and exit 2 for a usage mistake (a bad flag or ROS_*
+    variable), 1 for a runtime failure (missing dependency, link or port unavailable)."""
+    return host_cli.run_program(program_name(), run, argv)
+
+
+def run(argv: Optional[List[str]] = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     argv = ros_params_as_flags(raw) + strip_ros_args(raw)
-    args = build_parser().parse_args(argv)
-    host_cli.setup_logging(args.log_level)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    host_cli.setup_logging(host_cli.log_level_of(args))
     if args.listen and args.link:
-        print("ros_side: choose --link (companion) or --listen (direct mode), not both", file=sys.stderr)
-        return 2
+        parser.error("choose --link (companion) or --listen (direct mode), not both")
+    # The ROS_* variables are checked like the flags they stand in for, before any backend starts.
+    if args.domain is None:
+        args.domain = host_cli.env_domain()
+    if args.ros_distro is None:
+        args.ros_distro = host_cli.env_distro()
     if args.listen:
         return run_direct(args)
     args.link = args.link or DEFAULT_LINK

@@ -12,12 +12,15 @@ from .companion import Companion
 
 
 def add_arguments(parser):
+    # ubrb_host is on sys.path once ros_side.__main__ has found the source tree (or installed)
+    from ubrb_host.cli import domain_id, ros_distro
+
     g = parser.add_argument_group("ROS side")
     g.add_argument("--backend", choices=("auto", "rclpy", "dds"), default="auto",
                    help="auto: rclpy if importable, else dds (default: auto)")
-    g.add_argument("--domain", type=int, default=None,
-                   help="DDS domain id (default: ROS_DOMAIN_ID, else 0)")
-    g.add_argument("--ros-distro", default=None,
+    g.add_argument("--domain", type=domain_id, default=None, metavar="N",
+                   help="DDS domain id 0-232 (default: ROS_DOMAIN_ID, else 0)")
+    g.add_argument("--ros-distro", type=ros_distro, default=None, metavar="DISTRO",
                    help="dds backend: message definitions of this ROS 2 distro "
                         "(default: ROS_DISTRO if set, else humble)")
     g.add_argument("--msg-path", action="append", default=[], metavar="DIR",

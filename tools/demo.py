@@ -25,6 +25,7 @@ import argparse
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,10 +36,19 @@ import time
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.join(ROOT, "ports", "cpython")):  # the repo, the shared runtime
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-from tools import ros_observer as obs  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
+
+try:
+    from tools import ros_observer as obs  # noqa: E402
+except ImportError as _missing:  # cyclonedds/rosbags: main() says so in one line
+    obs = None  # type: ignore[assignment]
+    OBSERVER_MISSING: Optional[ImportError] = _missing
+else:
+    OBSERVER_MISSING = None
 
 HOST = "127.0.0.1"
 DEFAULT_PORTS = (8268, 8269)
@@ -89,14 +99,21 @@ def choose_ports(spec: Optional[str]) -> Tuple[int, int, str]:
         spec = "0"
     parts = [p.strip() for p in spec.split(",")]
     if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
-        raise SystemExit("demo: --ports expects GW[,LINK] (0 = any free port), got %r" % spec)
+        raise host_cli.Fatal("--ports expects GW[,LINK] (0 = any free port), got %r" % spec,
+                             host_cli.EXIT_USAGE)
+    for p in parts:
+        if int(p) > 65535:
+            raise host_cli.Fatal("--ports: port must be 0-65535, got %s" % p, host_cli.EXIT_USAGE)
     gw = int(parts[0])
     link = int(parts[1]) if len(parts) == 2 else (gw + 1 if gw else 0)
+    if link > 65535:
+        raise host_cli.Fatal("--ports %d: the link would use %d; give both, GW,LINK" % (gw, link),
+                             host_cli.EXIT_USAGE)
     gw = gw or ephemeral(socket.SOCK_STREAM)
     link = link or ephemeral(socket.SOCK_DGRAM)
     for kind, port, what in ((socket.SOCK_STREAM, gw, "TCP"), (socket.SOCK_DGRAM, link, "UDP")):
         if not _free(kind, port):
-            raise SystemExit("demo: %s port %s:%d is in use (try --ports 0)" % (what, HOST, port))
+            raise host_cli.Fatal("%s port %s:%d is in use (try --ports 0)" % (what, HOST, port))
     return gw, link, note
 
 
@@ -284,6 +301,7 @@ class Demo:
         a = self.args
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
+        self.own_log_dir = not a.log_dir  # a temp dir of our own goes away after a clean run
         self.log_dir = a.log_dir or tempfile.mkdtemp(prefix="ubrb-demo-")
         os.makedirs(self.log_dir, exist_ok=True)
         code = 0
@@ -322,13 +340,7 @@ class Demo:
 
         t0 = self.step("DDS domain (loopback only)")
         if a.domain is None:
-            domain = 0
-            for _ in range(10):
-                domain = random.randint(1, 200)
-                if not other_participants(domain):
-                    break
-                self.check()
-            a.domain = domain
+            a.domain = domain = pick_domain()
             self.ok(t0, "domain", "%d: random, unused; ROS_DOMAIN_ID or --domain sets it"
                     % domain)
         else:
@@ -340,14 +352,15 @@ class Demo:
 
         t0 = self.step("starting gateway")
         gw = self.spawn("gateway", [py, "ubrb_min.py", "--listen", "%s:%d" % (HOST, a.gw_port),
-                                    "--link", "udp://%s:%d" % (HOST, a.link_port)])
+                                    "--link", "udp://%s:%d" % (HOST, a.link_port)]
+                        + a.child_log)
         self.wait_log(gw, r"listening on", "gateway start-up", TIMEOUTS["gateway"])
         self.ok(t0, "gateway", "pid %d" % gw.pid)
 
         t0 = self.step("starting companion (dds backend)")
         comp = self.spawn("companion", [py, "-m", "ros_side", "--link",
                                         "udp://%s:%d" % (HOST, a.link_port), "--backend", "dds",
-                                        "--domain", str(a.domain)])
+                                        "--domain", str(a.domain)] + a.child_log)
         self.wait_log(comp, r"companion on link", "companion start-up", TIMEOUTS["companion"])
         self.ok(t0, "companion", "pid %d" % comp.pid)
 
@@ -467,8 +480,22 @@ class Demo:
                     code = 1
                     self.fail("%s: %s while stopping" % (name, exit_desc(rc)), c)
         self.say("%s (%.1f s)" % (", ".join(parts), time.monotonic() - t0))
-        self.say("logs kept in %s" % self.log_dir)
+        if code == 0 and self.own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)  # nothing to read: leave nothing
+        else:
+            self.say("logs kept in %s" % self.log_dir)
         return code
+
+
+def pick_domain(tries: int = 10) -> int:
+    """A random DDS domain 1..200 that no participant on this machine uses (the last one tried
+    if all are taken)."""
+    domain = 0
+    for _ in range(tries):
+        domain = random.randint(1, 200)
+        if not other_participants(domain):
+            break
+    return domain
 
 
 def other_participants(domain: int, wait: float = 0.3) -> int:
@@ -513,38 +540,52 @@ def _deg(rad: float) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tools/demo.py", description=(__doc__ or "").split("\n\n")[0],
+    p = host_cli.Parser(prog="tools/demo.py", description=(__doc__ or "").split("\n\n")[0],
                                 epilog="Without --domain the demo uses ROS_DOMAIN_ID if it is set, "
                                        "else a random domain 1..200 that no other DDS "
                                        "participant on this machine uses (printed at start-up). "
                                        "All DDS traffic stays on loopback.")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
+    p.add_argument("--duration", type=host_cli.duration, default=None, metavar="S",
                    help="run S seconds after start-up, then stop (default: until Ctrl-C)")
     p.add_argument("--ports", default=None, metavar="GW[,LINK]",
                    help="gateway TCP port and link UDP port on 127.0.0.1 (default 8268,8269, or "
                         "free ports if those are taken; 0 = any free port)")
-    p.add_argument("--domain", type=int, default=None, metavar="N",
-                   help="DDS domain id (default: ROS_DOMAIN_ID if set, else a random unused one)")
+    p.add_argument("--domain", type=host_cli.domain_id, default=None, metavar="N",
+                   help="DDS domain id 0-232 (default: ROS_DOMAIN_ID if set, else a random "
+                        "unused one)")
     p.add_argument("--no-color", action="store_true",
                    help="plain output (also when stdout is not a terminal, or NO_COLOR is set)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
-                   help="where the children's logs go (default: a new temp directory)")
+                   help="where the children's logs go (default: a temp directory, removed "
+                        "after a clean run, kept when something failed)")
+    import ubrb_min
+
+    host_cli.add_program_arguments(p, ubrb_min.VERSION)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The demo: one line and exit 2 for a usage mistake, 1 when the chain did not come up."""
+    return host_cli.run_program("tools/demo.py", run, argv)
+
+
+def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if OBSERVER_MISSING is not None:
+        raise OBSERVER_MISSING  # the one-line "pip install '.[dds]'" of run_program
     args.color = not args.no_color and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    level = host_cli.log_level_of(args)
+    host_cli.setup_logging(level)
+    # the children's logs (files) keep their start-up lines: only -v / debug reaches them
+    args.child_log = ["--log-level", "debug"] if level == "debug" else []
     args.gw_port, args.link_port, args.ports_note = choose_ports(args.ports)
     if args.domain is not None:
         args.domain_why = "--domain"
-    elif os.environ.get("ROS_DOMAIN_ID", "").strip():
-        args.domain = int(os.environ["ROS_DOMAIN_ID"])
+    elif host_cli.env_domain() is not None:
+        args.domain = host_cli.env_domain()
         args.domain_why = "ROS_DOMAIN_ID"
     else:
         args.domain_why = "random"  # chosen at start-up among the unused ones
-    if args.domain is not None and not 0 <= args.domain <= 232:
-        raise SystemExit("demo: DDS domain must be 0..232, got %d" % args.domain)
     obs.use_loopback(force=True)  # this process's participant too, before any DDS entity exists
     return Demo(args).run()
 

@@ -36,10 +36,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.join(ROOT, "ports", "cpython")):  # the repo, the shared runtime
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-from ros_side.backends.dds import LOOPBACK_XML  # noqa: E402  (no DDS entity is created on import)
+from ubrb_host import cli as host_cli  # noqa: E402
+
+DDS_MISSING: Optional[ImportError] = None
+try:
+    from ros_side.backends.dds import LOOPBACK_XML  # noqa: E402  (no DDS entity on import)
+except ImportError as _missing:
+    if __name__ != "__main__":
+        raise  # an importer (tools/demo.py) says so itself
+    DDS_MISSING, LOOPBACK_XML = _missing, ""  # main() says so in one line
 
 QosDict = Dict[str, Any]
 
@@ -106,8 +115,9 @@ def use_loopback(force: bool = False) -> bool:
 
 
 def default_domain() -> int:
-    v = os.environ.get("ROS_DOMAIN_ID", "").strip()
-    return int(v) if v else 0
+    """ROS_DOMAIN_ID (checked: a bad value is one line and exit 2), else 0."""
+    d = host_cli.env_domain()
+    return 0 if d is None else d
 
 
 # ------------------------------------------------------------------------------------- stats
@@ -654,17 +664,21 @@ def cmd_echo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--domain", type=int, default=None,
-                        help="DDS domain id (default: ROS_DOMAIN_ID, else 0)")
-    common.add_argument("--ros-distro", default="humble",
+    common = host_cli.Parser(add_help=False)
+    common.add_argument("--domain", type=host_cli.domain_id, default=None, metavar="N",
+                        help="DDS domain id 0-232 (default: ROS_DOMAIN_ID, else 0)")
+    common.add_argument("--ros-distro", default="humble", type=host_cli.ros_distro,
                         help="message definitions of this ROS 2 distro (default humble)")
     common.add_argument("--loopback", action="store_true",
                         help="force the loopback-only DDS configuration even if CYCLONEDDS_URI "
                              "is set (it is applied anyway when CYCLONEDDS_URI is unset)")
-    common.add_argument("--duration", type=float, default=None, metavar="S",
+    common.add_argument("--duration", type=host_cli.duration, default=None, metavar="S",
                         help="stop after S seconds")
-    p = argparse.ArgumentParser(prog="tools/ros_observer.py", description=__doc__.split("\n\n")[1],
+    import ubrb_min
+
+    # -q also drops echo's per-second count
+    host_cli.add_program_arguments(common, ubrb_min.VERSION)
+    p = host_cli.Parser(prog="tools/ros_observer.py", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sp = p.add_subparsers(dest="cmd", required=True)
     w = sp.add_parser("watch", parents=[common], help="print rates, pose and drops once a second")
@@ -676,13 +690,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--qos", choices=("auto", "reliable", "best_effort"), default="auto",
                    help="QoS of the ping subscription (default auto: serves a bench with "
                         "either --qos)")
-    e.add_argument("-q", "--quiet", action="store_true", help="no per-second count")
     e.set_defaults(func=cmd_echo)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    return host_cli.run_program("tools/ros_observer.py", run, argv)
+
+
+def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    host_cli.setup_logging(host_cli.log_level_of(args))
+    if DDS_MISSING is not None:
+        raise DDS_MISSING  # the one-line "pip install '.[dds]'" of run_program
     loop = use_loopback(force=args.loopback)
     if not loop:
         print("ros_observer: using CYCLONEDDS_URI from the environment (not loopback-only)",

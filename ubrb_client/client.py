@@ -20,10 +20,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from . import msgs as M
 from . import protocol as P
 from .protocol import QoS
+
+
+class _LazyMsgs:
+    """ubrb_client.msgs (rosbags, numpy), imported on first use: the connection layer and the
+    CLI's --help need neither, and a missing one is then reported by what needs it."""
+
+    def __getattr__(self, name: str) -> Any:
+        from . import msgs
+
+        return getattr(msgs, name)
+
+
+M = _LazyMsgs()
 
 log = logging.getLogger("ubrb_client")
 
@@ -149,7 +162,7 @@ class Client:
                  attempt_timeout: float = 3.0, ping_interval: float = 2.0,
                  idle_timeout: float = 10.0,
                  max_queued_bytes: int = P.DEFAULT_MAX_QUEUED_BYTES,
-                 distro: str = M.DEFAULT_DISTRO, typestore=None,
+                 distro: str | None = None, typestore=None,
                  on_error: Callable | None = None, on_connect: Callable | None = None,
                  on_disconnect: Callable | None = None, clock: Callable[[], float] = time.monotonic):
         self.host = host
@@ -186,7 +199,7 @@ class Client:
     def store(self):
         """The rosbags typestore used for publish_msg / decoded subscriptions."""
         if self._store is None:
-            self._store = M.get_store(self._distro)
+            self._store = M.get_store(self._distro or M.DEFAULT_DISTRO)
         return self._store
 
     def make(self, type: str, fields: dict | None = None):

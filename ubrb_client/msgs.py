@@ -48,7 +48,9 @@ def normalize_type(typename: str) -> str:
 def check_type(store: Typestore, typename: str) -> str:
     typename = normalize_type(typename)
     if typename not in store.fielddefs:
-        raise KeyError(f"unknown message type {typename!r} (not in the rosbags typestore)")
+        raise KeyError(f"unknown message type {typename}: not among the standard ROS 2 messages "
+                       "of --distro (spell it pkg/msg/Type; a custom package's types reach ROS "
+                       "through the companion's --msg-path, this client encodes standard ones)")
     return typename
 
 

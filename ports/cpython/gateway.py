@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from typing import Any, Dict, List, Optional
 
 import ubrb_min as core
@@ -26,7 +25,7 @@ STATS_PERIOD_MS = 1000  # gateway counters to the companion (its /diagnostics)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.Parser(
         prog="ubrb_min.py",
         description=(
             "UBRB v1 gateway: serves Unreal Engine uBotROS clients over TCP and relays their "
@@ -38,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--listen",
         default=DEFAULT_LISTEN,
+        type=cli.listen_address,
         metavar="HOST:PORT",
-        help=f"TCP address for UBRB clients (default {DEFAULT_LISTEN})",
+        help=f"TCP address for UBRB clients; port 0 picks a free one (default {DEFAULT_LISTEN})",
     )
     cli.add_link_arguments(
         ap,
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_limit_arguments(ap, "pi")
     cli.add_policy_arguments(ap.add_argument_group("who and what (allow-lists, throttle)"))
-    cli.add_log_argument(ap)
+    cli.add_program_arguments(ap, f"{core.VERSION} (UBRB v1)")
     return ap
 
 
@@ -67,8 +67,13 @@ def open_link(args: argparse.Namespace,
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The gateway program: one line and exit 2 for a usage mistake, 1 for a runtime failure."""
+    return cli.run_program("ubrb_min.py", run, argv)
+
+
+def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    cli.setup_logging(args.log_level)
+    cli.setup_logging(cli.log_level_of(args))
     profile = cli.load_profile(args, "ubrb_min.py")
     if profile is None:
         return 2
@@ -78,8 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         ros, link = open_link(args, profile)
     except (OSError, RuntimeError, ValueError) as e:
-        print(f"ubrb_min.py: cannot open link {args.link}: {e}", file=sys.stderr)
-        return 2
+        raise cli.Fatal(f"cannot open link {args.link}: {cli.os_problem(e)}")
     sizes = None
     if link is not None:
         sizes = core.link_sizes(profile["max_payload"], link.t.datagram, args.link_mtu)
@@ -90,8 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         server = GatewayServer(gw, cli.parse_hostport(args.listen), link=link)
     except OSError as e:
-        print(f"ubrb_min.py: cannot listen on {args.listen}: {e}", file=sys.stderr)
-        return 1
+        raise cli.Fatal(f"cannot listen on {args.listen}: {cli.os_problem(e)}")
     signal.signal(signal.SIGINT, server.stop)
     signal.signal(signal.SIGTERM, server.stop)
     log.info(
@@ -102,10 +105,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.link,
     )
     last_stats = [0]
+    watch = None
+    if link is not None:
+        watch = host_link.LinkWatch(link, args.link, "companion", now_ms(),
+                                    "; clients stay connected, their topics wait for it")
 
     def report_stats() -> bool:
         # The companion publishes these on /diagnostics with its own and the link's counters.
         now = now_ms()
+        if watch is not None:
+            watch.check(now)
         if ros is not None and now - last_stats[0] >= STATS_PERIOD_MS:
             last_stats[0] = now
             stats = gw.counters()
@@ -114,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return False
 
     server.serve(report_stats)
-    log.info("stopped; counters: %s", gw.counters())
-    if link is not None:
-        log.info("link counters: %s", link.counters())
+    log.info("stopped")
+    cli.log_counters({"gateway": gw.counters(),
+                      "link": link.counters() if link is not None else {}})
     return 0

@@ -19,6 +19,14 @@ def test_hello_ack_fields_and_unknown_distro_until_ros_reports():
     assert c2.json_frames(U.OP_HELLO_ACK)[0]["ros_distro"] == "humble"
 
 
+def test_hello_ack_says_unknown_again_while_the_ros_side_is_unreachable():
+    gw, ros = gateway()
+    gw.ros_down()
+    c = Client(gw)
+    c.send(hello())
+    assert c.json_frames(U.OP_HELLO_ACK)[0]["ros_distro"] == "unknown"
+
+
 def test_ping_gets_pong():
     gw, ros = gateway()
     c = Client(gw)

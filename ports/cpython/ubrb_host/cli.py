@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, NoReturn, Optional
 
 import ubrb_min as core
 
@@ -32,10 +34,11 @@ def parse_hostport(text: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
 def add_link_arguments(group: argparse._ActionsContainer, default: Optional[str],
                        link_help: str) -> None:
     """--link URL (grammar: ubrb_min.parse_link_url), --baud, --link-mtu."""
-    group.add_argument("--link", default=default, metavar="URL", help=link_help)
-    group.add_argument("--baud", type=int, default=115200,
+    group.add_argument("--link", default=default, type=link_url, metavar="URL", help=link_help)
+    group.add_argument("--baud", type=positive_int, default=115200,
                        help="serial baud rate (default 115200)")
-    group.add_argument("--link-mtu", type=int, default=core.LINK_DEFAULT_MTU, metavar="BYTES",
+    group.add_argument("--link-mtu", type=positive_int, default=core.LINK_DEFAULT_MTU,
+                       metavar="BYTES",
                        help=f"largest UDP datagram on the link (default {core.LINK_DEFAULT_MTU})")
 
 
@@ -74,9 +77,11 @@ def load_policy(args: argparse.Namespace, prog: str) -> Optional[core.Policy]:
         return None
 
 
-def add_log_argument(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--log-level", default="info", choices=LOG_LEVELS,
-                       help="logging threshold (default info)")
+def add_log_argument(group: argparse._ActionsContainer, default: Optional[str] = "info",
+                     default_level: str = "info") -> None:
+    group.add_argument("--log-level", default=default, choices=LOG_LEVELS,
+                       help=f"logging threshold (default {default or default_level}; debug also "
+                            "shows the traceback of an unexpected failure)")
 
 
 def profiles_help() -> str:
@@ -120,3 +125,285 @@ def make_logger() -> Callable[[str, str], None]:
         log.log(levels.get(level, logging.INFO), msg)
 
     return emit
+
+
+# ---------------------------------------------------------------------------------------------
+# The command-line contract every CPython program of the project keeps (gateway, companion,
+# client, demo, benches): values are checked while parsing, a mistake is one line on stderr
+# naming the fix, exit 2 for a usage mistake and 1 for a runtime failure, a traceback only with
+# --log-level debug; --version, -v/-q and --log-level everywhere.
+# ---------------------------------------------------------------------------------------------
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+EXIT_HELP = ("exit status: 0 done, 1 failed at run time (one line says why), 2 usage mistake "
+             "(one line says which); --log-level debug adds the traceback of an unexpected failure")
+DDS_DOMAIN_MAX = 232  # the largest DDS domain id the RTPS port mapping allows
+
+# A missing optional dependency (the top-level module name) -> what installs it.
+MISSING_FIXES = {
+    "cyclonedds": "the dds backend needs it: pip install '.[dds]' (from the repository root; "
+                  "with ROS 2 installed, source it for the rclpy backend instead)",
+    "rosbags": "ROS message definitions need it: pip install '.[dds]' (companion) or "
+               "pip install '.[client]' (client)",
+    "serial": "serial links need pyserial: pip install '.[serial]'",
+    "rclpy": "the rclpy backend needs ROS 2: source /opt/ros/<distro>/setup.bash first, or use "
+             "--backend dds (pip install '.[dds]')",
+    "yaml": "the client needs PyYAML: pip install '.[client]'",
+    "numpy": "the client needs numpy: pip install '.[client]'",
+}
+
+
+class Fatal(Exception):
+    """An expected failure: `message` is the one line a person reads, `code` the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_RUNTIME) -> None:
+        Exception.__init__(self, message)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the one-line mistake: `prog: message (--help lists the options)`, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (--help lists the options)\n")
+
+
+def port_number(text: str, allow_zero: bool = False) -> int:
+    """A TCP/UDP port, 1-65535 (0 too when it means 'any free port')."""
+    try:
+        port = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
+    low = 0 if allow_zero else 1
+    if not low <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be {low}-65535, got {port}")
+    return port
+
+
+def resolve_host(host: str) -> None:
+    """Raise ArgumentTypeError("cannot resolve host ...") unless `host` has an address."""
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        raise argparse.ArgumentTypeError(
+            f"cannot resolve host {host!r} (check the spelling, or give an IP address)"
+        ) from None
+
+
+def check_hostport(text: str, default_host: str = "0.0.0.0",
+                   allow_zero: bool = False) -> tuple[str, int]:
+    """HOST:PORT (or PORT) -> (host, port): port in range, host resolvable."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep:
+        host, port = default_host, text
+    host = host.strip("[]") or default_host
+    if not port or not (sep or port.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    number = port_number(port, allow_zero)
+    resolve_host(host)
+    return host, number
+
+
+def listen_address(text: str) -> str:
+    """--listen HOST:PORT (0 = any free port), checked; kept as text for parse_hostport."""
+    check_hostport(text, allow_zero=True)
+    return text
+
+
+def server_address(text: str) -> str:
+    """A server to connect to, HOST:PORT (1-65535, resolvable); kept as text."""
+    check_hostport(text, default_host="127.0.0.1")
+    return text
+
+
+def link_url(text: str) -> str:
+    """--link URL through the core's one grammar (ubrb_min.parse_link_url); a UDP host must
+    resolve. Kept as text: the transports parse it again."""
+    try:
+        kind, where, _ = core.parse_link_url(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if kind == "udp":
+        resolve_host(where)
+    return text
+
+
+def domain_id(text: str) -> int:
+    """A DDS domain id, 0-232."""
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"DDS domain must be a number 0-{DDS_DOMAIN_MAX}, "
+                                         f"got {text!r}") from None
+    if not 0 <= n <= DDS_DOMAIN_MAX:
+        raise argparse.ArgumentTypeError(f"DDS domain must be 0-{DDS_DOMAIN_MAX}, got {n}")
+    return n
+
+
+def env_domain(env: Optional[Dict[str, str]] = None) -> Optional[int]:
+    """ROS_DOMAIN_ID, checked like --domain (None when unset or empty); Fatal(usage) if bad."""
+    text = (os.environ if env is None else env).get("ROS_DOMAIN_ID", "").strip()
+    if not text:
+        return None
+    try:
+        return domain_id(text)
+    except argparse.ArgumentTypeError as e:
+        raise Fatal(f"ROS_DOMAIN_ID={text}: {e} (fix the variable or pass --domain)",
+                    EXIT_USAGE) from None
+
+
+# The ROS 2 distros whose message definitions the rosbags typestore carries (the dds backend and
+# the client encode with them); listed here so the gateway host, which has no rosbags, and the
+# argument check need no import.
+ROS_DISTROS = ("foxy", "galactic", "humble", "iron", "jazzy", "kilted")
+
+
+def ros_distro(text: str) -> str:
+    name = str(text).strip().lower()
+    if name.startswith("ros2_"):
+        name = name[len("ros2_"):]
+    if name not in ROS_DISTROS:
+        raise argparse.ArgumentTypeError(
+            f"no message definitions for ROS 2 distro {text!r} (have: {', '.join(ROS_DISTROS)})"
+        )
+    return name
+
+
+def env_distro(default: str = "humble", env: Optional[Dict[str, str]] = None) -> str:
+    """ROS_DISTRO if set (checked), else `default`; Fatal(usage) naming the variable if bad."""
+    text = (os.environ if env is None else env).get("ROS_DISTRO", "").strip()
+    if not text:
+        return default
+    try:
+        return ros_distro(text)
+    except argparse.ArgumentTypeError as e:
+        raise Fatal(f"ROS_DISTRO={text}: {e}; pass --ros-distro with one of them",
+                    EXIT_USAGE) from None
+
+
+def duration(text: str) -> float:
+    """Seconds, >= 0."""
+    try:
+        s = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not s >= 0 or s == float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds must be 0 or more, got {text}")
+    return s
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def add_program_arguments(parser: argparse.ArgumentParser, version: str,
+                          default_level: str = "info") -> None:
+    """--version, and the log threshold three ways: --log-level, -v (one step more: -vv two),
+    -q (one step less). `log_level_of(args)` turns them into one level."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
+    if parser.add_help:  # a shared parent's text would repeat in every subcommand
+        parser.epilog = (parser.epilog + "\n\n" if parser.epilog else "") + EXIT_HELP
+    g = parser.add_argument_group("output")
+    add_log_argument(g, default=None, default_level=default_level)
+    i = LOG_LEVELS.index(default_level)
+    more = ", ".join("-%s %s" % ("v" * (k + 1), lvl)
+                     for k, lvl in enumerate(reversed(LOG_LEVELS[:i])))
+    less = ", ".join("-%s %s" % ("q" * (k + 1), lvl)
+                     for k, lvl in enumerate(LOG_LEVELS[i + 1:]))
+    g.add_argument("-v", "--verbose", action="count", default=0,
+                   help=f"more log output ({more or 'already debug'})")
+    g.add_argument("-q", "--quiet", action="count", default=0,
+                   help=f"less log output ({less or 'already errors only'})")
+    parser.set_defaults(default_log_level=default_level)
+
+
+def log_level_of(args: argparse.Namespace) -> str:
+    """--log-level if given, else the program's default moved by -v/-q."""
+    if getattr(args, "log_level", None):
+        return str(args.log_level)
+    default = getattr(args, "default_log_level", "info")
+    i = LOG_LEVELS.index(default) - getattr(args, "verbose", 0) + getattr(args, "quiet", 0)
+    return LOG_LEVELS[max(0, min(len(LOG_LEVELS) - 1, i))]
+
+
+def os_problem(e: BaseException) -> str:
+    """An OSError in words, without its errno number; other errors as their text."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno is not None:
+        words = {errno.EADDRINUSE: "address already in use (another program has this port; "
+                                   "pick another, or stop it)",
+                 errno.EADDRNOTAVAIL: "this machine has no such address",
+                 errno.EACCES: "permission denied (ports below 1024 need root)"}
+        return words.get(e.errno, (e.strerror or str(e)).lower())
+    return str(e)
+
+
+def missing_dependency(e: ImportError) -> Optional[str]:
+    """The one line for an optional dependency that is not installed (None: not one of ours)."""
+    name = (e.name or "").split(".")[0]
+    fix = MISSING_FIXES.get(name)
+    if fix is None:
+        return None
+    return f"{name} is not installed: {fix}"
+
+
+def run_program(prog: str, main: Callable[[Optional[List[str]]], int],
+                argv: Optional[List[str]] = None) -> int:
+    """Call main(argv) and turn every expected failure into one line and its exit code; with
+    --log-level debug (or -vv) an unexpected one keeps its traceback."""
+    try:
+        return main(argv)
+    except Fatal as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return e.code
+    except ImportError as e:
+        line = missing_dependency(e)
+        if line is None or _debugging():
+            raise
+        print(f"{prog}: {line}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if _debugging():
+            raise
+        print(f"{prog}: {type(e).__name__}: {e} (--log-level debug shows where)", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+def _debugging() -> bool:
+    return logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+
+
+def format_counters(groups: Dict[str, Dict[str, int]]) -> str:
+    """Shutdown counters as a short aligned table: the non-zero ones of each group, by name;
+    '(all zero)' when nothing happened."""
+    rows = [(f"{g}.{k}" if g else k, v) for g, d in groups.items() for k, v in sorted(d.items())
+            if isinstance(v, (int, float)) and v]
+    if not rows:
+        return "counters: all zero"
+    width = max(len(k) for k, _ in rows)
+    lines = ["counters (non-zero):"]
+    lines += [f"  {k:<{width}}  {v:>10}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def log_counters(groups: Dict[str, Dict[str, int]],
+                 logger: Optional[logging.Logger] = None) -> None:
+    for line in format_counters(groups).splitlines():
+        (logger or log).info(line)
+
+
+def script_parser(prog: str, doc: str) -> Parser:
+    """The parser of a bench or tool script: its docstring as --help (figures are printed only
+    when it runs), --version and the log flags of every program."""
+    p = Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_program_arguments(p, core.VERSION)
+    return p

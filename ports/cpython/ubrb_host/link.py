@@ -94,6 +94,21 @@ class UdpTransport:
         self.sock.close()
 
 
+def serial_problem(e: BaseException) -> str:
+    """Why a serial device did not open, in words (pyserial nests the OS error in its text)."""
+    import errno
+
+    code = getattr(e, "errno", None)
+    text = str(e)
+    if code == errno.ENOENT or "No such file" in text:
+        return "no such device: check the path, e.g. ls /dev/serial/by-id/"
+    if code == errno.EACCES or "Permission denied" in text:
+        return "permission denied: add this user to the dialout group"
+    if code == errno.EBUSY or "busy" in text.lower():
+        return "busy: another program has it open"
+    return text
+
+
 class SerialTransport:
     datagram = False
 
@@ -111,7 +126,8 @@ class SerialTransport:
         try:
             self.open()
         except Exception as e:  # not plugged in yet: the driver keeps retrying
-            log.warning("link: cannot open %s yet: %s", path, e)
+            log.warning("link: cannot open %s yet (%s); retrying every %.1f s", path,
+                        serial_problem(e), REOPEN_MS / 1000)
 
     def open(self) -> None:
         import serial  # pyserial
@@ -300,3 +316,47 @@ def open_link(url: str, gateway: bool, max_message: int, baud: int = 115200,
     s = L.new_link_session(None, new_epoch() if epoch is None else epoch, gateway, t.datagram,
                            max_message, mtu or L.LINK_DEFAULT_MTU, max_slots)
     return s, LinkDriver(t, s)
+
+
+class LinkWatch:
+    """Says what the link is doing the moment it changes (up, down, the peer restarted) and, while
+    it is down, what this end waits for: once after a second, then every REMIND_MS. Both
+    programs call check(now) on every turn of their loop."""
+
+    FIRST_MS = 1000
+    REMIND_MS = 10000
+
+    def __init__(self, driver: LinkDriver, url: str, peer: str, now: int,
+                 down_note: str = "") -> None:
+        self.d = driver
+        self.url = url
+        self.peer = peer              # "companion" / "gateway": who is at the other end
+        self.down_note = down_note    # what this end does about a lost link
+        self.up = False
+        self.epoch: Optional[int] = None
+        self.remind_at = now + self.FIRST_MS
+
+    def check(self, now: int) -> None:
+        s = self.d.s
+        up = s.is_up()
+        if up and self.up and s.peer_epoch != self.epoch:
+            log.info("link: the %s restarted (new session)", self.peer)
+            self.epoch = s.peer_epoch
+        elif up != self.up:
+            self.up = up
+            if up:
+                new = self.epoch is not None and s.peer_epoch != self.epoch
+                log.info("link up: the %s%s answers on %s", self.peer,
+                         " (restarted: new session)" if new else "", self.url)
+                self.epoch = s.peer_epoch
+            else:
+                log.warning("link down: nothing from the %s for %.0f s%s", self.peer,
+                            L.LK_DEAD_MS / 1000, self.down_note)
+                self.remind_at = now + self.REMIND_MS
+        if not up and now >= self.remind_at:
+            self.remind_at = now + self.REMIND_MS
+            if self.d.broken:
+                log.warning("link: waiting for %s to open (retrying every %.1f s)",
+                            getattr(self.d.t, "path", self.url), REOPEN_MS / 1000)
+            else:
+                log.info("link: waiting for the %s on %s", self.peer, self.url)

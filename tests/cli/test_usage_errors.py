@@ -1,0 +1,98 @@
+"""Every value is checked when the command line is read: a mistake is one line on stderr that
+says what is wrong and exit status 2, never a traceback, for every program."""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+
+from tests.cli.helpers import (CLIENT, COMPANION, DEMO, GATEWAY, LATENCY, OBSERVER, UNRESOLVABLE,
+                               one_line, run)
+
+PUB = CLIENT + ["pub", "/chatter", "std_msgs/msg/String"]
+ECHO = CLIENT + ["echo", "/chatter", "std_msgs/msg/String"]
+
+# (program + arguments, environment additions, what the one line must say)
+CASES = [
+    # -- ports and hosts ------------------------------------------------------------------------
+    (GATEWAY + ["--link", "udp://127.0.0.1:99999"], {},
+     ["ubrb_min.py: argument --link: port 99999", "expected 1-65535"]),
+    (GATEWAY + ["--link", "udp://127.0.0.1:0"], {}, ["expected 1-65535"]),
+    (GATEWAY + ["--listen", "127.0.0.1:99999"], {}, ["--listen: port must be 0-65535, got 99999"]),
+    (GATEWAY + ["--listen", "nonsense"], {}, ["--listen: expected HOST:PORT, got 'nonsense'"]),
+    (GATEWAY + ["--listen", UNRESOLVABLE + ":8268"], {},
+     ["--listen: cannot resolve host 'no..such'"]),
+    (GATEWAY + ["--link", "udp://%s:8269" % UNRESOLVABLE], {},
+     ["--link: cannot resolve host 'no..such'"]),
+    (GATEWAY + ["--link", "tcp://127.0.0.1:8269"], {},
+     ["unknown link 'tcp://127.0.0.1:8269': use udp://HOST:PORT or serial:PATH"]),
+    (GATEWAY + ["--baud", "0"], {}, ["--baud: must be at least 1"]),
+    (GATEWAY + ["--max-clients", "many"], {}, ["--max-clients: invalid int value: 'many'"]),
+    (COMPANION + ["--link", "udp://127.0.0.1:99999"], {},
+     ["python -m ros_side: argument --link: port 99999", "expected 1-65535"]),
+    (COMPANION + ["--listen", "127.0.0.1:99999"], {}, ["--listen: port must be 0-65535"]),
+    (COMPANION + ["--listen", "nonsense"], {}, ["--listen: expected HOST:PORT"]),
+    (COMPANION + ["--listen", "127.0.0.1:0", "--link", "udp://127.0.0.1:8269"], {},
+     ["choose --link (companion) or --listen (direct mode), not both"]),
+    (PUB + ["--server", "127.0.0.1:99999"], {}, ["--server: port must be 1-65535, got 99999"]),
+    (PUB + ["--server", UNRESOLVABLE + ":8268"], {}, ["--server: cannot resolve host 'no..such'"]),
+    (DEMO + ["--ports", "99999"], {}, ["tools/demo.py: --ports: port must be 0-65535, got 99999"]),
+    (DEMO + ["--ports", "8268,x"], {}, ["--ports expects GW[,LINK]"]),
+    # -- ROS settings ---------------------------------------------------------------------------
+    (COMPANION + ["--domain", "999"], {}, ["--domain: DDS domain must be 0-232, got 999"]),
+    (COMPANION + ["--ros-args", "-p", "domain:=999"], {}, ["--domain: DDS domain must be 0-232"]),
+    (CLIENT, {}, ["the following arguments are required"]),
+    (COMPANION + ["--ros-distro", "bogus"], {},
+     ["--ros-distro: no message definitions for ROS 2 distro 'bogus'", "humble"]),
+    (COMPANION, {"ROS_DISTRO": "rolling"},
+     ["ROS_DISTRO=rolling: no message definitions", "pass --ros-distro"]),
+    (COMPANION, {"ROS_DOMAIN_ID": "abc"},
+     ["ROS_DOMAIN_ID=abc: DDS domain must be a number 0-232", "pass --domain"]),
+    (COMPANION, {"ROS_DOMAIN_ID": "300"}, ["ROS_DOMAIN_ID=300: DDS domain must be 0-232"]),
+    (PUB + ["--distro", "bogus"], {}, ["--distro: no message definitions for ROS 2 distro"]),
+    (DEMO + ["--domain", "999"], {}, ["--domain: DDS domain must be 0-232"]),
+    (DEMO, {"ROS_DOMAIN_ID": "abc"}, ["ROS_DOMAIN_ID=abc"]),
+    (LATENCY + ["--domain", "-1"], {}, ["--domain: DDS domain must be 0-232"]),
+    (OBSERVER + ["echo", "--domain", "233"], {}, ["--domain: DDS domain must be 0-232"]),
+    (OBSERVER + ["watch"], {"ROS_DOMAIN_ID": "x"}, ["ROS_DOMAIN_ID=x"]),
+    (OBSERVER + ["echo", "--ros-distro", "bogus"], {}, ["--ros-distro: no message definitions"]),
+    # -- durations and counts -------------------------------------------------------------------
+    (COMPANION + ["--release-after", "-1"], {}, ["--release-after: seconds must be 0 or more"]),
+    (DEMO + ["--duration", "-1"], {}, ["--duration: seconds must be 0 or more, got -1"]),
+    (ECHO + ["--duration", "-1"], {}, ["--duration: seconds must be 0 or more"]),
+    (PUB + ["--wait", "soon"], {}, ["--wait: expected seconds, got 'soon'"]),
+    (PUB + ["--rate", "-5"], {}, ["--rate: rate must be 0 or more Hz"]),
+    (CLIENT + ["bench", "--size", "8"], {}, ["--size: payload must be at least 16 bytes"]),
+    (ECHO + ["--depth", "0"], {}, ["--depth: must be at least 1"]),
+    (LATENCY + ["--count", "0"], {}, ["--count: must be at least 1"]),
+    # -- what the parser cannot check: message type and fields ----------------------------------
+    (PUB[:-1] + ["foo/Bar"], {}, ["pub: unknown message type foo/msg/Bar:", "--msg-path"]),
+    (PUB + ["{nope: 1}"], {}, ["pub: ", "unknown field"]),
+    (PUB + ["{a: [}"], {}, ["pub: DATA is not YAML/JSON"]),
+]
+
+
+@pytest.mark.parametrize("argv,env,says", CASES,
+                         ids=[" ".join(a[1:] if a[1] != "-m" else a[2:])[:70] + (
+                             " " + " ".join("%s=%s" % kv for kv in e.items()) if e else "")
+                             for a, e, _ in CASES])
+def test_mistake_is_one_line_and_exit_2(argv: List[str], env: Dict[str, str],
+                                        says: List[str]) -> None:
+    line = one_line(run(argv, extra_env=env), 2, *says)
+    if "pub: unknown message type" in line:
+        assert "'" not in line.split("type", 1)[1].split(":")[0]  # no stray quotes on the name
+
+
+def test_help_is_not_a_mistake() -> None:
+    for argv in (GATEWAY, COMPANION, CLIENT, CLIENT + ["pub"], DEMO, LATENCY):
+        r = run(argv + ["--help"])
+        assert r.returncode == 0 and r.stdout.startswith("usage:"), (argv, r.stderr)
+
+
+def test_usage_line_names_the_program_as_it_was_started() -> None:
+    # ros2 run / the console script start it as `ros_side`: its messages say so, not `python -m`
+    r = run([COMPANION[0], "-c", "import sys; sys.argv[0] = '/ws/install/lib/ros_side/ros_side';"
+             " from ros_side.__main__ import main; sys.exit(main(['--domain', '999']))"])
+    one_line(r, 2, "ros_side: argument --domain")
+    assert "python -m" not in r.stderr
