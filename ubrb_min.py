@@ -1589,11 +1589,12 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
 
 
 def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
-                     max_slots=256):
-    """A LinkSession sized by link_sizes(): how every port and the companion make one."""
+                     max_slots=256, key=None, nonce=None):
+    """A LinkSession sized by link_sizes(): how every port and the companion make one. `key`:
+    the link key (bytes) or None; `nonce`: the port's random source for new epochs."""
     z = link_sizes(max_message, datagram, mtu)
     return LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
-                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots)
+                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots, key, nonce)
 
 
 def pace_credit(credit, elapsed_ms, bytes_per_s):
