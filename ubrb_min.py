@@ -1231,6 +1231,15 @@ class Gateway:
                     else:
                         self.ros.subscribe(slot, t.topic[slot], t.type[slot], t.qos[slot])
 
+    def ros_session_lost(self, message):
+        """The link to the ROS side came back as a *new* session (the companion restarted, or the
+        two ends disagreed and re-handshook): ROS entities were re-created and reliable messages in
+        flight may be lost. Every client that said HELLO gets ERROR `link_reset` (id null)."""
+        self._log("warning", "ROS side: %s" % message)
+        for c in self.clients:
+            if c.state == S_READY:
+                self._error(c, None, "link_reset", message)
+
     def ros_down(self):
         if self.ros_ready:
             self._log("warning", "ROS side unreachable; keeping registrations")
@@ -2621,6 +2630,8 @@ class LinkRosPort:
         self.distro = None
         self.ros_is_up = False
         self.link_is_up = False
+        self.had_session = False      # a session was up before: a fresh one replaces it
+        self.reset_seen = 0           # the session's rel_reset_bytes at the last link_up
         self.c_congested = 0
         self.c_too_large = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
@@ -2685,6 +2696,13 @@ class LinkRosPort:
     # link handler
     def link_up(self, fresh):
         self.link_is_up = True        # ros_up follows the companion's hello
+        lost = self.s.c_rel_reset_bytes - self.reset_seen
+        self.reset_seen = self.s.c_rel_reset_bytes
+        if fresh and self.had_session and self.sink is not None:
+            self.sink.ros_session_lost(
+                "the link to the ROS side restarted as a new session (%d bytes of reliable data "
+                "in flight discarded); registrations are handed over again" % lost)
+        self.had_session = True
 
     def link_down(self):
         self.link_is_up = False

@@ -247,3 +247,20 @@ def test_mp_keyed_allocation_per_frame():
     per = used / frames
     print("keyed: bytes allocated per frame (MAC out + MAC check):", per, "frames", frames)
     assert len(c.handler.msgs) == 100 and frames == 200 and per < 1024
+
+
+def test_gateway_tells_every_client_when_the_ros_session_was_lost():
+    from scripted import Client, gateway
+    from tests.support.ubrb_frames import hello
+
+    gw, ros = gateway()
+    a = Client(gw)
+    b = Client(gw)
+    a.send(hello("a"))
+    b.send(hello("b"))
+    idle = Client(gw)                    # no HELLO yet: nothing to tell
+    a.frames()
+    b.frames()
+    gw.ros_session_lost("the link to the ROS side restarted as a new session")
+    assert a.errors() == [("link_reset", None)] and b.errors() == [("link_reset", None)]
+    assert idle.frames() == [] and not a.closing()
