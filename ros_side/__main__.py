@@ -2,7 +2,7 @@
 
 Link mode (default): holds the companion's end of the link to a gateway::
 
-    python -m ros_side --link udp://0.0.0.0:8269
+    python -m ros_side --link udp://0.0.0.0:8269 --link-key link.key   # off loopback: keyed
     python -m ros_side --link serial:/dev/ttyACM0 --baud 921600
 
 Direct mode: runs the gateway core in-process and serves UBRB clients itself, no link::
