@@ -1453,7 +1453,7 @@ def _lk_crc(buf, off, n, seed):
 try:  # hashlib.sha256 exists on CPython and on the MicroPython ports we target
     from hashlib import sha256 as _lk_sha256
 except ImportError:  # pragma: no cover - a port without it can still run unkeyed links
-    _lk_sha256 = None
+    _lk_sha256 = None  # type: ignore[assignment]
 
 
 def lk_hmac_pads(key):

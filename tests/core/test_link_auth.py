@@ -218,7 +218,7 @@ def test_parse_link_key():
         except ValueError:
             pass
         else:
-            assert False, bad
+            raise AssertionError(bad)
 
 
 class Count:

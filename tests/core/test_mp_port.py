@@ -282,7 +282,7 @@ def test_keyed_link_options():
         except ValueError as e:
             assert "--link-key" in str(e) and "--insecure-link" in str(e)
         else:
-            assert False, link
+            raise AssertionError(link)
     rig = Rig(link="udp://10.0.0.2:8269", insecure_link=1)
     assert any(lv == "warning" and "no key" in m for lv, m in rig.logged)
     for text in ("abc", "zz" * 20):
@@ -291,7 +291,7 @@ def test_keyed_link_options():
         except ValueError as e:
             assert "link key" in str(e)
         else:
-            assert False, text
+            raise AssertionError(text)
 
 
 def test_keyed_udp_and_uart_links_carry_data():
