@@ -250,11 +250,12 @@ class LinkDriver:
             elif not t.gateway and _is_hello(buf, n):
                 # re-lock only on a verified HELLO: one that knows our current epoch (keyed:
                 # and proves the key over it); anything less is answered, nothing more
-                # and answer it only while we have no live session: a stranger learns nothing
-                # from an UP companion (a restarted gateway is answered once the old session has
-                # timed out, <= 2 s after the old gateway went silent)
+                # and answer it. Unkeyed, only while we have no live session: a stranger learns
+                # no epoch from an UP companion (a restarted gateway is answered once the old
+                # session has timed out, <= 2 s after the old gateway went silent). Keyed, an
+                # epoch is no secret: always (a restarted gateway is back within one round trip).
                 ok = s.c_hello_ok
-                t.candidate = None if s.is_up() else t.last_addr
+                t.candidate = None if s.is_up() and not s.tag else t.last_addr
                 s.feed(buf, 0, n, now)
                 if s.c_hello_ok != ok:
                     log.info("link: peer is now %s", t.last_addr)
