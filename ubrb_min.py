@@ -1497,10 +1497,15 @@ def parse_link_key(text):
 
 
 def link_needs_key(url):
-    """True when `url` is a UDP link to (or, at the companion, on) a non-loopback address: such a
-    link must be keyed, or started with --insecure-link (docs/LINK.md)."""
+    """True when `url` is a link over the network to (or, at the companion, on) a non-loopback
+    address: UDP, or a serial link through a pyserial network URL (socket://, rfc2217://). Such a
+    link must be keyed, or started with --insecure-link (docs/LINK.md). A serial device needs none."""
     kind, host, _ = parse_link_url(url)
-    if kind != "udp":
+    if kind == "serial":
+        if not (host.startswith("socket://") or host.startswith("rfc2217://")):
+            return False                 # a device, a UART number, loop:// ...
+        host = host[host.find("://") + 3:].split("/")[0].rsplit(":", 1)[0].strip("[]")
+    elif kind != "udp":
         return False
     return not (host == "localhost" or host == "::1" or host.startswith("127."))
 
