@@ -36,19 +36,25 @@ def got(s):
 
 
 def test_unverified_hello_leaves_an_up_session_alone():
-    # the issue: one datagram with an unknown epoch used to reset the companion's stream
-    g = sess(True, 11)
-    c = sess(False, 22)
-    p = Pair(g, c)
-    p.up()
-    stream(p, g, c, 0, 10)
-    h = forged_hello(True, 999, 0)
-    c.feed(h, 0, len(h), p.now)
-    assert c.is_up() and c.peer_epoch == 11 and c.c_hello_ignored == 1
-    stream(p, g, c, 10, 10)
-    p.run(200)
-    assert got(c) == [rel_payload(i, 30) for i in range(20)]
-    assert g.handler.ups == [True] and c.handler.ups == [True] and c.c_down == 0
+    # the issue: one datagram with an unknown epoch used to reset the companion's stream; the
+    # same HELLO in a serial byte stream, and one of each role
+    for datagram in (True, False):
+        for role in (True, False):
+            g = L.LinkSession(Rec(), 11, True, datagram=datagram)
+            c = L.LinkSession(Rec(), 22, False, datagram=datagram)
+            p = Pair(g, c)
+            p.up()
+            stream(p, g, c, 0, 10)
+            h = forged_hello(True, 999, 0)
+            victim = c if role else g
+            if not role:
+                h = forged_hello(False, 999, 0)
+            victim.feed(h, 0, len(h), p.now)
+            assert victim.is_up() and victim.c_hello_ignored == 1 and victim.c_down == 0
+            stream(p, g, c, 10, 10)
+            p.run(200)
+            assert got(c) == [rel_payload(i, 30) for i in range(20)]
+            assert g.handler.ups == [True] and c.handler.ups == [True]
 
 
 def test_forged_hello_then_real_peer_cannot_desync():

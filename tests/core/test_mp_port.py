@@ -138,7 +138,8 @@ def test_options_from_a_dict_and_config_py():
     io.config = None
     text = G.usage()
     for flag in ("--listen", "--link", "--baud", "--tx", "--rx", "--profile", "--max-clients",
-                 "--queue-bytes", "--wifi-ssid", "mcu: max_clients=2"):
+                 "--queue-bytes", "--wifi-ssid", "--link-key", "--insecure-link",
+                 "mcu: max_clients=2"):
         assert flag in text, flag
     assert G.main(["--profile", "huge"], io) == 2
     assert G.main({"max_payload": 1 << 20}, io) == 2  # queue_bytes cannot hold it
