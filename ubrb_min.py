@@ -1305,6 +1305,15 @@ class Gateway:
                     else:
                         self.ros.subscribe(slot, t.topic[slot], t.type[slot], t.qos[slot])
 
+    def ros_session_lost(self, message):
+        """The link to the ROS side came back as a *new* session (the companion restarted, or the
+        two ends disagreed and re-handshook): ROS entities were re-created and reliable messages in
+        flight may be lost. Every client that said HELLO gets ERROR `link_reset` (id null)."""
+        self._log("warning", "ROS side: %s" % message)
+        for c in self.clients:
+            if c.state == S_READY:
+                self._error(c, None, "link_reset", message)
+
     def ros_down(self):
         if self.ros_ready:
             self._log("warning", "ROS side unreachable; keeping registrations")
@@ -1862,6 +1871,14 @@ LK_RTO_MAX = 2000
 LK_FRAG_MS = 2000
 LK_ACK_REP_MS = 30
 LK_WMAX = 32        # largest window; frame table has 64 entries indexed by seq & 63
+LK_DESYNC_MS = 1000  # the peer's acks outside what we sent, for this long: a desync, re-handshake
+
+# keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
+LK_MAC = 8          # truncated HMAC-SHA256
+LK_TAG = 4 + LK_MAC  # counter u32 + MAC
+LK_CTR_MAX = 0x3FFFFF00  # counters stay small ints on MicroPython; the session renews before
+LK_HF_REPLY = 1     # HELLO flags: reply wanted (I am not up)
+LK_HF_KEYED = 2     # the frames of this end carry the MAC trailer
 
 # record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
 LK_T_ADV = 1
@@ -1901,6 +1918,66 @@ def _lk_crc(buf, off, n, seed):
     if off == 0 and n == len(buf):
         return _lk_crc32(buf, seed)
     return _lk_crc32(memoryview(buf)[off:off + n], seed)
+
+
+try:  # hashlib.sha256 exists on CPython and on the MicroPython ports we target
+    from hashlib import sha256 as _lk_sha256
+except ImportError:  # pragma: no cover - a port without it can still run unkeyed links
+    _lk_sha256 = None  # type: ignore[assignment]
+
+
+def lk_hmac_pads(key):
+    """The two key blocks of HMAC-SHA256 (RFC 2104) for `key`, computed once per key: with them a
+    MAC is two fresh hash objects (MicroPython's cannot be copied, so none can be kept primed)."""
+    if len(key) > 64:
+        key = _lk_sha256(key).digest()
+    i = bytearray(64)
+    o = bytearray(64)
+    for k in range(len(key)):
+        i[k] = key[k]
+        o[k] = key[k]
+    for k in range(64):
+        i[k] ^= 0x36
+        o[k] ^= 0x5C
+    return bytes(i), bytes(o)
+
+
+def lk_hmac(k_in, k_out, data):
+    """HMAC-SHA256 of `data` (any buffer) with the key blocks of lk_hmac_pads."""
+    h = _lk_sha256(k_in)
+    h.update(data)
+    o = _lk_sha256(k_out)
+    o.update(h.digest())
+    return o.digest()
+
+
+def parse_link_key(text):
+    """The link key in a key file's text: hex digits, whitespace anywhere ignored, at least 32
+    (16 bytes). ValueError with a sentence for a person otherwise."""
+    from binascii import unhexlify
+
+    h = "".join(text.split())
+    if len(h) < 32 or len(h) % 2:
+        raise ValueError("a link key is an even number of hex digits, at least 32 (16 bytes); "
+                         "found %d digits (make link-key writes one)" % len(h))
+    try:
+        return unhexlify(h)
+    except ValueError:
+        raise ValueError("a link key is hex digits only (0-9, a-f)")
+
+
+def link_needs_key(url):
+    """True when `url` is a link over the network to (or, at the companion, on) a non-loopback
+    address: UDP, or a serial link through a pyserial network URL (socket://, rfc2217://). Such a
+    link must be keyed, or started with --insecure-link (docs/LINK.md). A serial device needs none."""
+    kind, host, _ = parse_link_url(url)
+    if kind == "serial":
+        if not (host.startswith("socket://") or host.startswith("rfc2217://")):
+            return False                 # a device, a UART number, loop:// ...
+        host = host[host.find("://") + 3:].split("/")[0].rsplit(":", 1)[0].strip("[]")
+    elif kind != "udp":
+        return False
+    return not (host == "localhost" or host == "::1" or host.startswith("127."))
 
 
 def _lk_putvar(b, p, v):
@@ -1999,11 +2076,12 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
 
 
 def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
-                     max_slots=256):
-    """A LinkSession sized by link_sizes(): how every port and the companion make one."""
+                     max_slots=256, key=None, nonce=None):
+    """A LinkSession sized by link_sizes(): how every port and the companion make one. `key`:
+    the link key (bytes) or None; `nonce`: the port's random source for new epochs."""
     z = link_sizes(max_message, datagram, mtu)
     return LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
-                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots)
+                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots, key, nonce)
 
 
 def pace_credit(credit, elapsed_ms, bytes_per_s):
@@ -2079,7 +2157,8 @@ _LK_COUNTERS = (
     "rx_frames", "tx_frames", "rx_bytes", "tx_bytes", "crc_err", "hdr_err", "resync",
     "noise", "retx", "timeouts", "fast_retx", "dup", "ooo", "drop_be", "drop_be_down",
     "drop_rel_full", "drop_down", "too_large", "rel_reset_bytes", "frag_tx", "frag_rx",
-    "frag_drop", "up", "down", "new", "hello_tx", "hello_rx", "proto", "stale", "trunc")
+    "frag_drop", "up", "down", "new", "hello_tx", "hello_rx", "proto", "stale", "trunc",
+    "auth", "replay", "desync", "renew", "hello_ok", "hello_ignored")
 
 
 class LinkSession:
@@ -2089,7 +2168,7 @@ class LinkSession:
 
     def __init__(self, handler, epoch, gateway=True, datagram=False,
                  max_frame=1024, max_message=16384, window=8,
-                 rel_bytes=65536, be_bytes=32768, max_slots=256):
+                 rel_bytes=65536, be_bytes=32768, max_slots=256, key=None, nonce=None):
         if max_frame < 64 or max_frame > 65535:
             raise ValueError("max_frame")
         if max_message >= 1 << 24:
@@ -2151,6 +2230,27 @@ class LinkSession:
         self.c_frag_tx = self.c_frag_rx = self.c_frag_drop = 0
         self.c_up = self.c_down = self.c_new = self.c_hello_tx = self.c_hello_rx = 0
         self.c_proto = self.c_stale = self.c_trunc = 0
+        self.c_auth = self.c_replay = self.c_desync = self.c_renew = 0
+        self.c_hello_ok = self.c_hello_ignored = 0
+        # -- session identity and authentication (docs/LINK.md section 3) ------------------------
+        # `used`: went UP since the stream was last discarded, so the peer may hold state of it;
+        # discarding such a stream renews our epoch, so the peer can never resume it (a resumed
+        # session on one end and a fresh one on the other would stall for good).
+        self.used = False
+        self.nonce = nonce  # callable -> a random int: new epochs (keyed: must be unpredictable)
+        self.bad_ack_at = -1  # since when the peer acks what we never sent (-1: it does not)
+        self.tag = LK_TAG if key is not None else 0  # MAC trailer bytes per frame
+        self.ovh = LK_OVH + self.tag
+        self.k_in = self.k_out = None  # the link key's HMAC blocks (HELLOs, session keys)
+        self.s_in = self.s_out = None  # the session key's (every other frame)
+        if key is not None:
+            if _lk_sha256 is None:
+                raise ValueError("a keyed link needs hashlib.sha256")
+            self.k_in, self.k_out = lk_hmac_pads(key)
+        self.tx_ctr = self.rx_hi = self.rx_mask = 0  # frame counters of this session
+        self.hello_ctr = 0  # my HELLOs, counted so a replayed one is told apart
+        self.peer_hello = 0  # the last HELLO counter accepted from the peer epoch
+        self.rx_ctr = 0  # counter of the frame being handled
         self._reset_stream()
 
     # ---- state ---------------------------------------------------------
@@ -2220,7 +2320,7 @@ class LinkSession:
         h = _lk_putvar(hb, 1, slot)
         h = _lk_putvar(hb, h, n)
         need = h + n
-        if n + h > self.peer_max_frame - LK_OVH:
+        if n + h > self.peer_max_frame - self.ovh:
             self.c_frag_tx += 1
         if reliable:
             cap = len(self.rel)
@@ -2299,7 +2399,7 @@ class LinkSession:
     def _head(self, kind, seq, n_body):
         # fill sync/len/ctl/hck/seq/ack; returns total frame length
         b = self.tx_buf
-        L = n_body + LK_OVH
+        L = n_body + self.ovh
         ctl = kind
         if self.nak_pending and kind != LK_HELLO:
             ctl |= LK_NAK
@@ -2315,6 +2415,8 @@ class LinkSession:
         return L
 
     def _seal(self, L, seed, now):
+        if self.tag:
+            self._mac_out(L)
         # On MicroPython the slice (16 B) and, 3 times in 4, the CRC value (a big int,
         # 32 B) are the only allocations of a sent frame; pack_into takes the big int
         # as is (c & 0xFF etc. would each allocate another one).
@@ -2336,11 +2438,79 @@ class LinkSession:
         b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
-                         0 if self.state == LINK_UP else 1)
+                         (0 if self.state == LINK_UP else LK_HF_REPLY) |
+                         (LK_HF_KEYED if self.tag else 0))
+        self.hello_ctr += 1
         self.hello_reply = False
         self.hello_at = now + LK_HELLO_MS
         self.c_hello_tx += 1
         return self._seal(L, 0, now)
+
+    # ---- the MAC trailer of a keyed link: counter u32 LE + 8 bytes of HMAC-SHA256 over the
+    # frame from sync to counter; HELLOs under the link key (counter: my HELLO count), every
+    # other frame under the session key (counter: this session's frame count, never reused)
+    def _mac_out(self, L):
+        b = self.tx_buf
+        q = L - 4 - LK_TAG
+        if b[4] & 15 == LK_HELLO:
+            c = self.hello_ctr
+            ki = self.k_in
+            ko = self.k_out
+        else:
+            self.tx_ctr += 1
+            c = self.tx_ctr
+            ki = self.s_in
+            ko = self.s_out
+        b[q] = c & 0xFF
+        b[q + 1] = (c >> 8) & 0xFF
+        b[q + 2] = (c >> 16) & 0xFF
+        b[q + 3] = c >> 24
+        d = lk_hmac(ki, ko, self.tx_mv[0:q + 4])
+        for i in range(LK_MAC):
+            b[q + 4 + i] = d[i]
+
+    def _mac_ok(self, b, p, L, kind):
+        # verify a received frame's trailer; False (counted) drops the frame
+        q = p + L - 4 - LK_TAG
+        if L < self.ovh or b[q + 3] >= 0x40:
+            self.c_auth += 1
+            return False
+        if kind == LK_HELLO:
+            ki = self.k_in
+            ko = self.k_out
+        elif self.s_in is None:
+            self.c_stale += 1
+            return False
+        else:
+            ki = self.s_in
+            ko = self.s_out
+        d = lk_hmac(ki, ko, memoryview(b)[p:q + 4])
+        x = 0
+        for i in range(LK_MAC):
+            x |= d[i] ^ b[q + 4 + i]
+        if x:
+            self.c_auth += 1
+            return False
+        c = b[q] | (b[q + 1] << 8) | (b[q + 2] << 16) | (b[q + 3] << 24)
+        self.rx_ctr = c
+        if kind == LK_HELLO:
+            return True                  # its counter is judged in _on_hello
+        # anti-replay window over the session's frame counter (as _be_dup)
+        d = c - self.rx_hi
+        if d > 0:
+            if d > 24:
+                self.rx_mask = 0
+            else:
+                m = self.rx_mask & ((1 << (24 - d)) - 1)
+                self.rx_mask = (m << d) | (1 << (d - 1))
+            self.rx_hi = c
+            return True
+        d = -d
+        if d == 0 or d > 24 or self.rx_mask & (1 << (d - 1)):
+            self.c_replay += 1
+            return False
+        self.rx_mask |= 1 << (d - 1)
+        return True
 
     def poll_tx(self, now):
         """Build the next frame in tx_buf; returns its length (0: nothing)."""
@@ -2371,7 +2541,7 @@ class LinkSession:
         i = s & 63
         if s == self.nxt:                    # new frame: as much as fits
             n = self.rel_queued - self.rel_framed
-            m = self.peer_max_frame - LK_OVH
+            m = self.peer_max_frame - self.ovh
             if n > m:
                 n = m
             pos = self.rel_head + self.rel_framed
@@ -2397,7 +2567,7 @@ class LinkSession:
         be = self.be
         cap = len(be)
         tx = self.tx_buf
-        m = self.peer_max_frame - LK_OVH
+        m = self.peer_max_frame - self.ovh
         q = LK_HDR
         kind = LK_BE
         while self.be_n > 0:
@@ -2448,6 +2618,8 @@ class LinkSession:
 
     def tick(self, now):
         self.now = now
+        if self.tx_ctr > LK_CTR_MAX or self.rx_hi > LK_CTR_MAX:
+            self._desync(now)             # counters exhausted: a new session, new keys
         if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
                 self.state = LINK_DOWN
@@ -2470,6 +2642,8 @@ class LinkSession:
             self.ack_rep -= d
         self.nak_t -= d
         self.go_back_at -= d
+        if self.bad_ack_at >= 0:
+            self.bad_ack_at -= d
         self.frag_started_at -= d
         t = self.frame_sent_at
         for i in range(len(t)):
@@ -2525,7 +2699,7 @@ class LinkSession:
                 return p
             L = b[p + 2] | (b[p + 3] << 8)
             ctl = b[p + 4]
-            if lk_hck(b[p + 2], b[p + 3], ctl) != b[p + 5] or L < LK_OVH or L > self.max_frame:
+            if lk_hck(b[p + 2], b[p + 3], ctl) != b[p + 5] or L < self.ovh or L > self.max_frame:
                 self.c_hdr_err += 1
                 p += 1
                 continue
@@ -2536,7 +2710,8 @@ class LinkSession:
                 self.c_crc_err += 1
                 p += 1
                 continue
-            self._frame(b, p, L, ctl)
+            if not self.tag or self._mac_ok(b, p, L, kind):
+                self._frame(b, p, L, ctl)
             p += L
         return p
 
@@ -2545,15 +2720,17 @@ class LinkSession:
         kind = ctl & 15
         self.c_rx_frames += 1
         if kind == LK_HELLO:
-            self._on_hello(b, p + LK_HDR, L - LK_OVH, now)
+            self._on_hello(b, p + LK_HDR, L - self.ovh, now)
             return
         if self.state != LINK_UP:
             self.c_stale += 1
             return
         self.last_rx = now
         self._on_ack(b[p + 7], ctl & LK_NAK, now)
+        if self.state != LINK_UP:         # the ack told of a desync
+            return
         seq = b[p + 6]
-        end = p + L - 4
+        end = p + L - 4 - self.tag
         if kind == LK_REL:
             d = (seq - self.rel_rx_expected) & 255
             if d == 0:
@@ -2607,43 +2784,97 @@ class LinkSession:
         if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
             self.c_proto += 1       # other version, or two ends of the same role
             return
-        pe, ye, pf, pm, pw, need = struct.unpack_from("<IIHIBB", b, p + 2)
+        pe, ye, pf, pm, pw, flags = struct.unpack_from("<IIHIBB", b, p + 2)
+        if (flags & LK_HF_KEYED) and not self.tag:
+            self.c_proto += 1       # the peer has a link key and we have none: never pair
+            return
         self.c_hello_rx += 1
+        # verified: the sender knows our current epoch (keyed: and proved the link key over it,
+        # the MAC was checked in _parse); the only kind of HELLO that may change a used session
+        verified = ye == self.epoch
         if pe != self.peer_epoch:
-            # the peer is a new incarnation: the old session is gone for good
+            if self.used and not verified:
+                # someone who has not seen us (a restarted peer, or anyone at all): answer, so a
+                # real peer learns our epoch, but the session we have is not touched
+                self.c_hello_ignored += 1
+                self.hello_reply = True
+                return
+            # a new peer session: the old stream is gone for good, on both ends
             if self.state == LINK_UP:
                 self.state = LINK_DOWN
                 self.c_down += 1
                 self.handler.link_down()
-            self._reset_stream()
+            self._discard()
             self.peer_epoch = pe
             self.fresh = True
             self.c_new += 1
-            if self.is_gateway:
-                self.seed = (self.epoch * 31 + pe) & 0x3FFFFFFF
-            else:
-                self.seed = (pe * 31 + self.epoch) & 0x3FFFFFFF
+            self._rekey()
+            verified = ye == self.epoch      # _discard may have renewed our epoch
+        elif self.tag and self.rx_ctr <= self.peer_hello:
+            self.c_replay += 1      # a HELLO of this peer seen before: replayed
+            return
+        self.peer_hello = self.rx_ctr
         self.peer_max_frame = min(pf, self.max_frame)
         self.peer_max_message = pm
         self.peer_window = max(1, min(pw, LK_WMAX))
-        self.last_rx = now
-        if ye != self.epoch:
-            if self.state == LINK_UP:
-                self.state = LINK_DOWN
-                self.c_down += 1
-                self.handler.link_down()
+        if not verified:
+            # the peer does not know our current epoch: tell it; an UP session stays up (a
+            # stale or forged HELLO must not stop it; a real peer in doubt stops sending and
+            # the dead timer, or its new epoch, settles it)
             self.hello_reply = True
             return
-        if need:
+        self.c_hello_ok += 1
+        self.last_rx = now
+        if flags & LK_HF_REPLY:
             self.hello_reply = True
         if self.state != LINK_UP:
             self.state = LINK_UP
             self.c_up += 1
+            self.used = True
+            self.bad_ack_at = -1
             self.snd = self.una        # resume: resend whatever was unacked
             self.nak_for = -1
             fresh = self.fresh
             self.fresh = False
             self.handler.link_up(fresh)
+
+    def _discard(self):
+        # throw the stream away; if the peer may hold state of it (we were UP since the last
+        # discard), become a new incarnation: a new epoch, so the peer cannot resume it
+        self._reset_stream()
+        if self.used:
+            self.used = False
+            e = self.nonce() if self.nonce is not None else self.epoch * 1103515245 + 12345
+            e &= 0x3FFFFFFF
+            self.epoch = e if e and e != self.epoch else (self.epoch + 1) & 0x3FFFFFFF or 1
+            self.c_renew += 1
+        self.peer_hello = 0
+
+    def _rekey(self):
+        # the session key of (gateway epoch, companion epoch): the CRC seed, and on a keyed link
+        # the MAC key HMAC(link key, "UBRB-LINK" | epochs); counters restart with the key
+        g = self.epoch if self.is_gateway else self.peer_epoch
+        c = self.peer_epoch if self.is_gateway else self.epoch
+        self.seed = (g * 31 + c) & 0x3FFFFFFF
+        self.tx_ctr = self.rx_hi = self.rx_mask = 0
+        if self.tag:
+            m = bytearray(b"UBRB-LINK\x00\x00\x00\x00\x00\x00\x00\x00")
+            struct.pack_into("<II", m, 9, g, c)
+            self.s_in, self.s_out = lk_hmac_pads(lk_hmac(self.k_in, self.k_out, m))
+
+    def _desync(self, now):
+        # the two ends disagree about the stream (or its counters ran out): drop it and
+        # handshake anew with a new epoch, so the peer drops its side too (section 3)
+        self.c_desync += 1
+        if self.state == LINK_UP:
+            self.state = LINK_DOWN
+            self.c_down += 1
+            self.handler.link_down()
+        self.used = True
+        self._discard()
+        self._rekey()
+        self.fresh = True
+        self.hello_at = now
 
     def _on_ack(self, a, nak, now):
         una = self.una
@@ -2669,6 +2900,14 @@ class LinkSession:
             if last >= 0:
                 self._rtt(now - self.frame_sent_at[last])
             inflight -= k
+        elif k > inflight:
+            # an ack of what we never sent: a delayed frame, or the ends disagree about the stream
+            if self.bad_ack_at < 0:
+                self.bad_ack_at = now
+            elif now - self.bad_ack_at >= LK_DESYNC_MS:
+                self._desync(now)
+            return
+        self.bad_ack_at = -1
         if nak and inflight and self.snd != una:
             # the peer saw a gap at `una`: go back now rather than at RTO
             if now - self.go_back_at >= (self.srtt if self.srtt > 10 else 10):
@@ -2869,6 +3108,8 @@ class LinkRosPort:
         self.distro = None
         self.ros_is_up = False
         self.link_is_up = False
+        self.had_session = False      # a session was up before: a fresh one replaces it
+        self.reset_seen = 0           # the session's rel_reset_bytes at the last link_up
         self.c_congested = 0
         self.c_too_large = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
@@ -2933,6 +3174,13 @@ class LinkRosPort:
     # link handler
     def link_up(self, fresh):
         self.link_is_up = True        # ros_up follows the companion's hello
+        lost = self.s.c_rel_reset_bytes - self.reset_seen
+        self.reset_seen = self.s.c_rel_reset_bytes
+        if fresh and self.had_session and self.sink is not None:
+            self.sink.ros_session_lost(
+                "the link to the ROS side restarted as a new session (%d bytes of reliable data "
+                "in flight discarded); registrations are handed over again" % lost)
+        self.had_session = True
 
     def link_down(self):
         self.link_is_up = False

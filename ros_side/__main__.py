@@ -2,7 +2,7 @@
 
 Link mode (default): holds the companion's end of the link to a gateway::
 
-    python -m ros_side --link udp://0.0.0.0:8269
+    python -m ros_side --link udp://0.0.0.0:8269 --link-key link.key   # off loopback: keyed
     python -m ros_side --link serial:/dev/ttyACM0 --baud 921600
 
 Direct mode: runs the gateway core in-process and serves UBRB clients itself, no link::
@@ -24,7 +24,7 @@ from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_a
 
 log = logging.getLogger("ros_side")
 
-DEFAULT_LINK = "udp://0.0.0.0:8269"
+DEFAULT_LINK = "udp://127.0.0.1:8269"  # other addresses: --link-key (or --insecure-link)
 STATS_PERIOD_MS = 1000
 
 
@@ -193,7 +193,8 @@ def run_link(args: argparse.Namespace) -> int:
         if core.parse_link_url(args.link)[0] == "none":
             raise ValueError("the companion needs a link (udp://HOST:PORT or serial:PATH)")
         session, driver = host_link.open_link(
-            args.link, False, max_message, baud=args.baud, mtu=args.link_mtu
+            args.link, False, max_message, baud=args.baud, mtu=args.link_mtu,
+            key=host_cli.link_key(args),
         )
         end = LinkCompanionEnd(session, companion)
     except (OSError, RuntimeError, ValueError) as e:

@@ -61,7 +61,7 @@ def open_link(args: argparse.Namespace,
         return None, None
     session, driver = host_link.open_link(
         args.link, True, profile["max_payload"], baud=args.baud, mtu=args.link_mtu,
-        max_slots=profile["max_topics"],
+        max_slots=profile["max_topics"], key=cli.link_key(args),
     )
     return core.LinkRosPort(session), driver
 

@@ -27,6 +27,8 @@ OPTIONS = (
     ("tx", "i", None, "UART TX pin (default: the board's pin for that UART)"),
     ("rx", "i", None, "UART RX pin"),
     ("link_mtu", "i", core.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
+    ("link_key", "s", None, "file with the link key (hex; the companion's --link-key file)"),
+    ("insecure_link", "b", 0, "allow an unkeyed UDP link to a non-loopback address"),
     ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(core.PROFILES))),
 ) + tuple([(key, "i", None, text) for key, text in core.LIMITS]) + tuple(
     [(key, "s", None, text) for key, _, text in core.POLICY_OPTIONS]) + (
@@ -53,6 +55,8 @@ def usage():
 def _convert(name, kind, value):
     if value is None or kind == "s":
         return value
+    if kind == "b":  # a switch: --flag alone, or a value (1/0, true/false) in a dict or --flag=V
+        return 0 if value in (0, False, "0", "false", "no") else 1
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -64,6 +68,13 @@ def defaults():
     for o in OPTIONS:
         d[o[0]] = o[2]
     return d
+
+
+def _kind(key):
+    for o in OPTIONS:
+        if o[0] == key:
+            return o[1]
+    return None
 
 
 def _set(opts, key, value):
@@ -94,7 +105,9 @@ def parse_args(argv, opts=None):
         if not a.startswith("--"):
             raise ValueError("unexpected argument %r" % a)
         name, eq, value = a[2:].partition("=")
-        if not eq:
+        if not eq and _kind(name.replace("-", "_")) == "b":
+            value = 1
+        elif not eq:
             if i + 1 >= len(argv):
                 raise ValueError("%s needs a value" % a)
             i += 1
@@ -147,6 +160,38 @@ def wifi_up(io, ssid, password, timeout_s, log):
     return w
 
 
+def link_key(opts, log):
+    """The key of --link-key (None without one), under the rule of the CPython port: an unkeyed
+    UDP link stays on loopback unless --insecure-link. ValueError (one line) otherwise."""
+    path = opts["link_key"]
+    if not path:
+        if core.link_needs_key(opts["link"]):
+            if not opts["insecure_link"]:
+                raise ValueError("%s is not a loopback address: give --link-key FILE (the "
+                                 "companion's key file) or --insecure-link" % opts["link"])
+            log("warning", "link %s has no key (--insecure-link): anyone who can reach it can "
+                "join the link, inject into ROS and reach UE clients" % opts["link"])
+        return None
+    try:
+        with open(path) as f:
+            text = f.read(4096)
+    except OSError as e:
+        raise ValueError("cannot read link key %s: %s" % (path, e))
+    try:
+        key = core.parse_link_key(text)
+    except ValueError as e:
+        raise ValueError("link key %s: %s" % (path, e))
+    try:
+        import os
+
+        if os.stat(path)[0] & 0o077:  # the unix port; boards report no permission bits
+            log("warning", "link key %s can be read by group or others: chmod 600 %s"
+                % (path, path))
+    except (ImportError, AttributeError, OSError):
+        pass
+    return key
+
+
 def start(opts, io=None, log=None):
     """Build (GatewayLoop, Gateway, LinkRosPort or None, LinkDriver or None) from options."""
     io = io if io is not None else default_io()
@@ -167,10 +212,11 @@ def start(opts, io=None, log=None):
         pw = getattr(io.config, "WIFI_PASSWORD", pw)
     if ssid:
         wifi_up(io, ssid, pw, opts["wifi_timeout"], log)
+    key = link_key(opts, log) if kind != "none" else None
     ros, drv = mlink.open_gateway_link(
         io, opts["link"], baud=opts["baud"], mtu=opts["link_mtu"],
         max_message=profile["max_payload"], tx=opts["tx"], rx=opts["rx"],
-        max_slots=profile["max_topics"],
+        max_slots=profile["max_topics"], key=key,
     )
     if drv is None:
         log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")

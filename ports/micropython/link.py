@@ -215,7 +215,7 @@ class LinkDriver:
 
 
 def open_gateway_link(io, url, baud=115200, mtu=L.LINK_DEFAULT_MTU, max_message=2048, tx=None,
-                      rx=None, epoch=None, max_slots=256):
+                      rx=None, epoch=None, max_slots=256, key=None):
     """(LinkRosPort, LinkDriver) for --link, or (None, None) for 'none'."""
     kind, where, port = L.parse_link_url(url)
     if kind == "none":
@@ -228,5 +228,6 @@ def open_gateway_link(io, url, baud=115200, mtu=L.LINK_DEFAULT_MTU, max_message=
         if io.machine is None:
             raise ValueError("serial links need the machine module (not on this port)")
         t = UartTransport(io.machine, uart_id(where), baud, tx, rx)
-    s = L.new_link_session(None, epoch, True, t.datagram, max_message, mtu, max_slots)
+    s = L.new_link_session(None, epoch, True, t.datagram, max_message, mtu, max_slots, key,
+                           lambda: new_epoch(io.time))
     return L.LinkRosPort(s), LinkDriver(t, s)

@@ -1,4 +1,7 @@
-"""ros2 launch ros_side ros_side.launch.py link:=udp://0.0.0.0:8269 [backend:=rclpy] ..."""
+"""ros2 launch ros_side ros_side.launch.py link:=udp://127.0.0.1:8269 [backend:=rclpy] ...
+
+A UDP link off loopback needs the link key (--link-key): run the node with
+`ros2 run ros_side ros_side --ros-args -p link:=udp://0.0.0.0:8269 -p link_key:=/path/link.key`."""
 
 from launch import LaunchDescription  # type: ignore[import-not-found,unused-ignore]
 from launch.actions import DeclareLaunchArgument  # type: ignore[import-not-found,unused-ignore]
@@ -14,7 +17,7 @@ def generate_launch_description():
     direct = PythonExpression(["'", listen, "' != ''"])
     common = ["--backend", backend]
     return LaunchDescription([
-        DeclareLaunchArgument("link", default_value="udp://0.0.0.0:8269",
+        DeclareLaunchArgument("link", default_value="udp://127.0.0.1:8269",
                               description="udp://HOST:PORT or serial:PATH"),
         DeclareLaunchArgument("listen", default_value="",
                               description="direct mode HOST:PORT (overrides link)"),

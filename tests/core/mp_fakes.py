@@ -582,10 +582,11 @@ class ScriptedCompanion:
 class UdpCompanion:
     """The companion process, reduced to its link end, on the fake network."""
 
-    def __init__(self, net, addr, epoch=0x1234567, mtu=1400, max_message=4096):
+    def __init__(self, net, addr, epoch=0x1234567, mtu=1400, max_message=4096, key=None):
         self.sock = UdpPeer(net, addr, mtu)
         self.ros = ScriptedCompanion(max_message=max_message)
-        self.s = U.LinkSession(None, epoch, False, True, mtu, max_message, 16, 65536, 32768)
+        self.s = U.LinkSession(None, epoch, False, True, mtu, max_message, 16, 65536, 32768, 256,
+                               key)
         self.end = LinkCompanionEnd(self.s, self.ros)
         self.ros.sink = self.end
 
@@ -606,10 +607,11 @@ class UdpCompanion:
 class UartCompanion:
     """The companion at the other end of a FakeUart (stream mode)."""
 
-    def __init__(self, uart, epoch=0x2345678, max_message=4096):
+    def __init__(self, uart, epoch=0x2345678, max_message=4096, key=None):
         self.uart = uart
         self.ros = ScriptedCompanion(max_message=max_message)
-        self.s = U.LinkSession(None, epoch, False, False, 1088, max_message, 8, 65536, 32768)
+        self.s = U.LinkSession(None, epoch, False, False, 1088, max_message, 8, 65536, 32768, 256,
+                               key)
         self.end = LinkCompanionEnd(self.s, self.ros)
         self.ros.sink = self.end
 

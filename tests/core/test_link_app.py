@@ -30,6 +30,9 @@ class FakeGateway:
     def ros_down(self):
         self.calls.append(("down",))
 
+    def ros_session_lost(self, message):
+        self.calls.append(("lost", message))
+
     def ros_result(self, kind, slot, code, message):
         self.calls.append(("result", kind, slot, code))
 
@@ -198,10 +201,14 @@ def test_companion_restart_gets_registrations_again():
     end2 = LinkCompanionEnd(cs2, comp2)
     comp2.sink = end2
     p.b = cs2
+    port.publish(1, b"in flight", 0, 9, True)
     gw.take()
     p.run(1000, until=lambda: len(comp2.live) == 2)
     assert gw.take("down") == [("down",)]
     assert gw.take("up") == [("up", "jazzy", port.max_message())]
+    # the gateway tells its clients that a new session replaced the old one
+    lost = gw.take("lost")
+    assert len(lost) == 1 and "new session" in lost[0][1] and "bytes" in lost[0][1]
     assert ("reset",) not in comp2.calls
     assert comp2.live == {("p", 1): "/a", ("s", 2): "/s"}
 
@@ -223,6 +230,7 @@ def test_glitch_resume_dedups_registrations():
     cut["on"] = False
     p.run(1000)
     assert gw.take("up")
+    assert gw.take("lost") == []          # a resumed session lost nothing: no notice
     # the same gateway epoch: nothing reset, registrations not re-created, results re-sent
     assert ("reset",) not in comp.calls
     assert len([c for c in comp.calls if c[0] == "advertise"]) == n_adv

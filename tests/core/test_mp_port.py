@@ -27,7 +27,8 @@ PORT = 8268
 class Rig:
     """A gateway built by the port's own start() on the fakes, plus the companion's link end."""
 
-    def __init__(self, link="udp://10.0.0.2:8269", ticks=0, companion=True, **opts):
+    def __init__(self, link="udp://10.0.0.2:8269", ticks=0, companion=True, comp_key=None,
+                 **opts):
         self.net = F.Net()
         self.time = F.FakeTime(ticks)
         self.machine = F.FakeMachine()
@@ -35,10 +36,12 @@ class Rig:
         self.io = ML.IO(self.net.socket, F.select_module(), self.time, self.machine, self.network,
                        None)
         self.logged = []
-        self.comp = F.UdpCompanion(self.net, COMPANION) if companion and link.startswith("udp") else None
+        self.comp = (F.UdpCompanion(self.net, COMPANION, key=comp_key)
+                     if companion and link.startswith("udp") else None)
         o = G.defaults()
         o["listen"] = "0.0.0.0:%d" % PORT
         o["link"] = link
+        o["insecure_link"] = 1  # the fake network's 10.0.0.2 is no loopback
         for k in opts:
             o[k] = opts[k]
         self.opts = o
@@ -46,7 +49,7 @@ class Rig:
         self.loop, self.gw, self.ros, self.drv = G.start(o, self.io, log)
         self.loop.poll_ms = 0  # the clock is fake: never wait in poll()
         if link.startswith("uart"):
-            self.comp = F.UartCompanion(self.machine.uarts[int(link.split(":")[1])])
+            self.comp = F.UartCompanion(self.machine.uarts[int(link.split(":")[1])], key=comp_key)
 
     def _log(self, level, msg):
         self.logged.append((level, msg))
@@ -135,7 +138,8 @@ def test_options_from_a_dict_and_config_py():
     io.config = None
     text = G.usage()
     for flag in ("--listen", "--link", "--baud", "--tx", "--rx", "--profile", "--max-clients",
-                 "--queue-bytes", "--wifi-ssid", "mcu: max_clients=2"):
+                 "--queue-bytes", "--wifi-ssid", "--link-key", "--insecure-link",
+                 "mcu: max_clients=2"):
         assert flag in text, flag
     assert G.main(["--profile", "huge"], io) == 2
     assert G.main({"max_payload": 1 << 20}, io) == 2  # queue_bytes cannot hold it
@@ -249,6 +253,70 @@ def test_message_from_the_companion_reaches_the_client():
     got = frames(c)
     assert len(got) == 1 and got[0][0] == U.OP_MESSAGE
     assert U.get_u32(got[0][1], 0) == 4 and got[0][1][4:] == data
+
+
+KEY_HEX = "00112233445566778899aabbccddeeff" * 2
+
+
+def key_file(name="ubrb_test_link.key", text=KEY_HEX + "\n"):
+    try:
+        import tempfile
+
+        d = tempfile.gettempdir()
+    except ImportError:  # MicroPython: its own file system, cwd is fine
+        d = "."
+    path = d + "/" + name
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def test_keyed_link_options():
+    o = G.parse_args(["--link-key", "/k", "--insecure-link", "--baud", "9600"])
+    assert o["link_key"] == "/k" and o["insecure_link"] == 1 and o["baud"] == 9600
+    assert G.parse_args([])["insecure_link"] == 0
+    assert G.apply_dict(G.defaults(), {"insecure_link": True})["insecure_link"] == 1
+    # unkeyed UDP to another host: refused, with the way out in the sentence
+    for link in ("udp://10.0.0.2:8269", "udp://192.0.2.10"):
+        try:
+            Rig(link=link, insecure_link=0)
+        except ValueError as e:
+            assert "--link-key" in str(e) and "--insecure-link" in str(e)
+        else:
+            raise AssertionError(link)
+    rig = Rig(link="udp://10.0.0.2:8269", insecure_link=1)
+    assert any(lv == "warning" and "no key" in m for lv, m in rig.logged)
+    for text in ("abc", "zz" * 20):
+        try:
+            Rig(link_key=key_file(text=text), comp_key=b"x" * 16)
+        except ValueError as e:
+            assert "link key" in str(e)
+        else:
+            raise AssertionError(text)
+
+
+def test_keyed_udp_and_uart_links_carry_data():
+    key = U.parse_link_key(KEY_HEX)
+    for link in ("udp://10.0.0.2:8269", "uart:1"):
+        rig = Rig(link=link, link_key=key_file(), comp_key=key, insecure_link=0)
+        rig.up()
+        assert rig.drv.s.tag == U.LK_TAG
+        c = rig.connect()
+        c.send(hello("ue") + advertise(1, "/chatter", "std_msgs/msg/String", QOS_R)
+               + subscribe(4, "/odom", "nav_msgs/msg/Odometry", QOS_R)
+               + publish(1, b"\x00\x01\x00\x00hello"))
+        rig.run(200)
+        frames(c)
+        assert ("publish", 0, b"\x00\x01\x00\x00hello", True) in rig.comp.ros.calls, link
+        rig.comp.end.ros_message(0, b"odom", 0, 4)
+        rig.run(100)
+        got = frames(c)
+        assert [(op, p[4:]) for op, p in got] == [(U.OP_MESSAGE, b"odom")], link
+        assert rig.drv.s.c_auth == 0 and rig.comp.s.c_auth == 0
+    # a companion with another key never gets a session
+    rig = Rig(link_key=key_file(), comp_key=bytes(32), insecure_link=0)
+    rig.run(1000)
+    assert not rig.gw.ros_ready and rig.drv.s.c_auth > 0
 
 
 def test_a_large_frame_split_over_many_reads():

@@ -143,9 +143,10 @@ class LinkBridge(Bridge):
     """Gateway (in-process thread, real sockets) == UDP or serial link == companion (process)."""
 
     def __init__(self, mode: str, profile: Optional[Dict[str, int]] = None,
-                 companion_args: tuple = ()) -> None:
+                 companion_args: tuple = (), key_file: Optional[str] = None) -> None:
         self.mode = mode
-        self.companion_args = companion_args
+        self.key_file = key_file    # --link-key on both ends
+        self.companion_args = companion_args + (("--link-key", key_file) if key_file else ())
         self.relay: Optional[PtyRelay] = None
         self.comp: Optional[Proc] = None
         self.server: Optional[GatewayServer] = None
@@ -168,8 +169,9 @@ class LinkBridge(Bridge):
             gw_url = self.relay.url("gw")
         self.start_companion()
         prof = U.make_profile("pi", overrides)
+        key = U.parse_link_key(open(self.key_file).read()) if self.key_file else None
         session, self.driver = host_link.open_link(gw_url, True, prof["max_payload"],
-                                                   baud=SERIAL_BAUD)
+                                                   baud=SERIAL_BAUD, key=key)
         self.ros = U.LinkRosPort(session)
         self._count_msg_records()
         self.gw = U.Gateway(prof, ros=self.ros, new_buffer=mapped_buffer)

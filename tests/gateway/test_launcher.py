@@ -39,7 +39,8 @@ def test_help_lists_every_limit_from_the_core_table() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     for flag in ("--listen", "--link", "--baud", "--link-mtu", "--profile", "--max-clients",
-                 "--queue-bytes", "--control-reserve", "--log-level"):
+                 "--queue-bytes", "--control-reserve", "--log-level", "--link-key",
+                 "--insecure-link"):
         assert flag in proc.stdout, flag
 
 

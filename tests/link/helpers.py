@@ -40,6 +40,7 @@ class FakeGateway:
         self.errors: List[Tuple[str, int, str]] = []
         self.messages: Dict[int, List[bytes]] = {}
         self.counts: List[Tuple[int, int]] = []
+        self.lost: List[str] = []
 
     def ros_up(self, distro: Optional[str], max_message: int) -> None:
         self.ups.append((distro, max_message))
@@ -50,6 +51,9 @@ class FakeGateway:
 
     def ros_down(self) -> None:
         self.downs += 1
+
+    def ros_session_lost(self, message: str) -> None:
+        self.lost.append(message)
 
     def ros_result(self, kind: str, slot: int, code: Optional[str], message: str) -> None:
         self.results.append((kind, slot, code))

@@ -40,6 +40,54 @@ def add_link_arguments(group: argparse._ActionsContainer, default: Optional[str]
     group.add_argument("--link-mtu", type=positive_int, default=core.LINK_DEFAULT_MTU,
                        metavar="BYTES",
                        help=f"largest UDP datagram on the link (default {core.LINK_DEFAULT_MTU})")
+    group.add_argument("--link-key", default=None, metavar="FILE",
+                       help="the link's shared secret (the same file on both ends; `make link-key` "
+                            "writes one): the handshake proves it and every frame carries a MAC, "
+                            "so nobody without it can join, inject or replay")
+    group.add_argument("--insecure-link", action="store_true",
+                       help="allow a UDP link on a non-loopback address without --link-key "
+                            "(anyone who can reach the port can then talk to the other end)")
+
+
+def read_link_key(path: str) -> bytes:
+    """The key in a --link-key file (hex, >= 32 digits, whitespace ignored; ubrb_min.parse_link_key);
+    a file that group or others may read gets a warning. ValueError (one line) otherwise."""
+    import os
+    import stat
+
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read(4096)
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ValueError(f"cannot read link key {path}: {e.strerror or e}") from None
+    try:
+        key: bytes = core.parse_link_key(text)
+    except ValueError as e:
+        raise ValueError(f"link key {path}: {e}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("link key %s can be read by group or others (mode %03o): chmod 600 %s",
+                    path, stat.S_IMODE(mode), path)
+    return key
+
+
+def link_key(args: argparse.Namespace) -> Optional[bytes]:
+    """The key --link-key names (None without one), after the rule that an unkeyed UDP link stays
+    on loopback unless --insecure-link says otherwise (which is logged). A key file that does not
+    do, or a missing key, is a usage mistake: Fatal with exit status 2."""
+    if args.link_key:
+        try:
+            return read_link_key(args.link_key)
+        except ValueError as e:
+            raise Fatal(str(e), EXIT_USAGE) from None
+    if core.link_needs_key(args.link):
+        if not getattr(args, "insecure_link", False):
+            raise Fatal(f"{args.link} is not a loopback address: give --link-key FILE "
+                             "(make link-key writes one; the same file on both ends), or "
+                             "--insecure-link to run it unauthenticated", EXIT_USAGE)
+        log.warning("link %s has no key (--insecure-link): anyone who can reach it can join the "
+                    "link, inject into ROS and reach UE clients", args.link)
+    return None
 
 
 def add_limit_arguments(group: argparse._ActionsContainer, default_profile: str) -> None:

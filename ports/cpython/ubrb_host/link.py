@@ -3,9 +3,11 @@
 `open_transport(url, gateway)` gives a transport for a link URL (grammar: ubrb_min.parse_link_url):
 
 - ``udp://HOST:PORT``: the gateway sends to the companion at HOST:PORT from an ephemeral local
-  port; the companion binds HOST:PORT and locks onto the first peer whose HELLO it accepts.
-  Datagrams from any other address are ignored and counted (``foreign``), except a HELLO that
-  opens a *new* session (a restarted gateway comes back from a new ephemeral port).
+  port; the companion binds HOST:PORT and locks onto the address of a *verified* HELLO (its
+  sender knows the companion's current epoch and, on a keyed link, proved the key over it).
+  Other datagrams from any other address are ignored and counted (``foreign``); a HELLO from
+  elsewhere is answered there (a restarted gateway comes back from a new ephemeral port) but
+  moves nothing until that address completes the handshake.
 - ``serial:PATH``: PATH is a device or any pyserial URL (``socket://``, ``rfc2217://``,
   ``loop://``); opened with ``serial_for_url``, non-blocking. A device that disappears is closed
   and reopened by the driver every 0.5 s.
@@ -29,6 +31,7 @@ import ubrb_min as L
 log = logging.getLogger("ubrb.link")
 
 REOPEN_MS = 500
+AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames per 10 s
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
 
 
@@ -61,6 +64,7 @@ class UdpTransport:
             self.peer = None
         self.sock.setblocking(False)
         self.last_addr: Any = None
+        self.candidate: Any = None  # where an unverified HELLO came from: HELLOs answer there too
         self.c_foreign = 0
 
     def fileno(self) -> int:
@@ -77,14 +81,20 @@ class UdpTransport:
         return n
 
     def write(self, buf: bytearray, off: int, n: int) -> int:
+        to = self.candidate
+        if to is not None and to != self.peer and _is_hello(memoryview(buf)[off:], n):
+            self._send(buf, off, n, to)  # the handshake with a newcomer; data never goes there
         if self.peer is None:
             return n  # nobody to talk to yet: the frame is dropped like a lost datagram
+        return self._send(buf, off, n, self.peer)
+
+    def _send(self, buf: bytearray, off: int, n: int, to: Any) -> int:
         try:
-            self.sock.sendto(memoryview(buf)[off : off + n], self.peer)
+            self.sock.sendto(memoryview(buf)[off : off + n], to)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as e:  # unreachable network etc.: UDP is lossy anyway
-            log.debug("link: sendto %s: %s", self.peer, e)
+            log.debug("link: sendto %s: %s", to, e)
         return n
 
     def can_write(self) -> bool:
@@ -220,6 +230,8 @@ class LinkDriver:
         self.rbuf = bytearray(65536 if transport.datagram else 4096)
         self.broken = not transport.datagram and transport.ser is None
         self.retry_at = 0
+        self.auth_seen = 0  # frames failing authentication, as last reported (tick)
+        self.auth_at = 0
         self.c_reopen = 0
         self.c_io_err = 0
 
@@ -252,11 +264,19 @@ class LinkDriver:
             elif t.peer is not None and t.last_addr == t.peer:
                 s.feed(buf, 0, n, now)
             elif not t.gateway and _is_hello(buf, n):
-                pe, hr = s.peer_epoch, s.c_hello_rx
+                # re-lock only on a verified HELLO: one that knows our current epoch (keyed:
+                # and proves the key over it); anything less is answered, nothing more
+                # and answer it. Unkeyed, only while we have no live session: a stranger learns
+                # no epoch from an UP companion (a restarted gateway is answered once the old
+                # session has timed out, <= 2 s after the old gateway went silent). Keyed, an
+                # epoch is no secret: always (a restarted gateway is back within one round trip).
+                ok = s.c_hello_ok
+                t.candidate = None if s.is_up() and not s.tag else t.last_addr
                 s.feed(buf, 0, n, now)
-                if s.c_hello_rx != hr and (t.peer is None or s.peer_epoch != pe):
+                if s.c_hello_ok != ok:
                     log.info("link: peer is now %s", t.last_addr)
                     t.peer = t.last_addr
+                    t.candidate = None
             else:
                 t.c_foreign += 1
 
@@ -281,6 +301,11 @@ class LinkDriver:
 
     def tick(self, now: int) -> None:
         self.s.tick(now)
+        bad = self.s.c_auth + self.s.c_replay
+        if bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
+            log.warning("link: %d frames failed authentication or were replays (a peer with "
+                        "another --link-key, or someone else on the link)", bad - self.auth_seen)
+            self.auth_seen, self.auth_at = bad, now
         if self.broken and now >= self.retry_at:
             try:
                 self.t.open()
@@ -308,13 +333,13 @@ class LinkDriver:
 
 def open_link(url: str, gateway: bool, max_message: int, baud: int = 115200,
               mtu: int = L.LINK_DEFAULT_MTU, epoch: Optional[int] = None,
-              max_slots: int = 256) -> Tuple[L.LinkSession, LinkDriver]:
+              max_slots: int = 256, key: Optional[bytes] = None) -> Tuple[L.LinkSession, LinkDriver]:
     """(session, driver) for one end of the link at `url`, sized by ubrb_min.link_sizes. The
     caller puts its end on the session: ubrb_min.LinkRosPort (gateway) or
     ros_side.link_end.LinkCompanionEnd (companion)."""
     t = open_transport(url, gateway, baud)
     s = L.new_link_session(None, new_epoch() if epoch is None else epoch, gateway, t.datagram,
-                           max_message, mtu or L.LINK_DEFAULT_MTU, max_slots)
+                           max_message, mtu or L.LINK_DEFAULT_MTU, max_slots, key, new_epoch)
     return s, LinkDriver(t, s)
 
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env node
+// Run one Python script of bench/ under real MicroPython 1.27 (the WebAssembly build from npm,
+// as tests/mp/run.mjs does for tests): ubrb_min.py and the script are copied into the instance's
+// file system at /repo, which is also its working directory.
+//
+//   node bench/mp_run.mjs bench/link_auth.py
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const script = process.argv[2];
+if (!script) {
+  console.error("usage: node bench/mp_run.mjs bench/SCRIPT.py");
+  process.exit(2);
+}
+const { loadMicroPython } = await import("@micropython/micropython-webassembly-pyscript");
+const mp = await loadMicroPython({
+  stdout: (s) => process.stdout.write(s.endsWith("\n") ? s : s + "\n"),
+  stderr: (s) => process.stderr.write(s.endsWith("\n") ? s : s + "\n"),
+  heapsize: Number(process.env.MP_HEAPSIZE || 4 * 1024 * 1024),
+});
+mp.FS.mkdir("/repo");
+mp.FS.writeFile("/repo/ubrb_min.py", fs.readFileSync(path.join(ROOT, "ubrb_min.py"), "utf8"));
+mp.FS.chdir("/repo");
+mp.runPython("import os, sys\nos.chdir('/repo')\nsys.path.insert(0, '/repo')");
+mp.runPython(fs.readFileSync(path.resolve(script), "utf8"));
