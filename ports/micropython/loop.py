@@ -156,6 +156,7 @@ class GatewayLoop:
         # Events collected during ipoll(), handled after it: who (0 listener, 1 link, 2+ci) and what.
         self.ev_who = [0] * (n + 2)
         self.ev_bits = [0] * (n + 2)
+        self.scratch = bytearray(64)  # where a refused connection's input is read and dropped
         self.running = True
         now = self.clock.ms()
         self.accepting = False
@@ -297,6 +298,11 @@ class GatewayLoop:
     def _refuse(self, s):
         try:  # best effort: the ERROR too_many_clients, then the close
             s.write(self.gw.reject_frame())
+            # Read what the peer already sent (its HELLO): closing with unread input would
+            # reset the connection, and a reset can destroy the ERROR before it is read.
+            for _ in range(4):
+                if not s.readinto(self.scratch):  # None: nothing waiting; 0: the peer closed
+                    break
         except OSError:
             pass
         s.close()
@@ -331,11 +337,11 @@ class GatewayLoop:
         s = self.socks[ci]
         q = self.gw.clients[ci].queue
         for _ in range(MAX_WRITES):
-            n = q.pending()
+            n = q.peek()
             if n == 0:
                 break
             try:
-                k = s.write(q.buf, q.head, n)
+                k = s.write(q.buf, q.out, n)
             except OSError as e:
                 self._drop(ci, "write error: %s" % e)
                 return

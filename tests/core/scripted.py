@@ -107,9 +107,13 @@ class Client:
     def frames(self, limit=None):
         """Everything queued for this client (up to `limit` bytes), as (op, payload) pairs."""
         q = self.session.queue
-        n = q.pending() if limit is None else min(limit, q.pending())
-        data = bytes(q.buf[q.head : q.head + n])
-        q.sent(n)
+        left = q.pending() if limit is None else min(limit, q.pending())
+        data = b""
+        while left > 0:
+            n = min(q.peek(), left)
+            data += bytes(q.buf[q.out : q.out + n])
+            q.sent(n)
+            left -= n
         return parse_frames(data)
 
     def json_frames(self, op):

@@ -37,7 +37,10 @@ def relay(gw, pubc, subc, frame, msg, slot, rounds):
         gw.received(pubc.ci, n, i)
         # ...and a ROS message goes out as MESSAGE to another, which the socket then takes.
         gw.ros_message(slot, msg, 0, 300)
-        q.sent(q.pending())
+        k = q.peek()
+        while k:
+            q.sent(k)
+            k = q.peek()
 
 
 def measure(run):
