@@ -90,6 +90,10 @@ IDLE_TIMEOUT_MS = 10000
 SUB_COUNT_INTERVAL_MS = 500
 ERROR_REPEAT_MS = 1000  # unknown_id / message_too_large: at most once per id per second
 CLOSE_FLUSH_MS = 2000  # a closing client that does not read its last frames is cut off after this
+# Frames of one client handled per Gateway.received() call: the rest wait in its decoder for the
+# next loop turn (Gateway.backlog), so a client flooding tiny frames gets a turn like the others.
+FRAMES_PER_TURN = 32
+ERROR_LOG_PER_S = 10  # ERROR log lines per client per second; the rest are counted
 
 # Decoder results
 NEED_MORE = 0
@@ -574,6 +578,10 @@ class SendQueue:
         r = self.rings
         return r[0].pend + r[1].pend + r[2].pend
 
+    def replies_backed_up(self):
+        """Half the control room is taken: the client is not reading its PONGs and ERRORs."""
+        return self.rings[RING_CONTROL].pend >= self.reserve // 2
+
     def clear(self):
         for r in self.rings:
             r.clear()
@@ -850,6 +858,7 @@ class ClientSession:
         self.accepted_ms = 0
         self.last_rx_ms = 0
         self.rx_start_ms = -1  # when the first byte of a still incomplete frame came; -1: none
+        self.backlog = False  # whole frames wait in the decoder for the next turn
         self.full_ms = -1  # since when the send queue is full with no frame written; -1: not
         self.counts_dirty = False
         self.counts_sent_ms = -SUB_COUNT_INTERVAL_MS
@@ -860,6 +869,9 @@ class ClientSession:
         self.err_id = [0] * 8
         self.err_ms = [0] * 8
         self.err_next = 0
+        self.err_log_ms = -1000  # ERROR log lines: this second's start, lines, lines skipped
+        self.err_log_n = 0
+        self.err_log_skipped = 0
         # counters
         self.rx_frames = 0
         self.tx_frames = 0
@@ -880,6 +892,9 @@ class ClientSession:
         self.name = ""
         self.host = None
         self.rx_start_ms = self.full_ms = -1
+        self.backlog = False
+        self.err_log_ms = now - 1000
+        self.err_log_n = self.err_log_skipped = 0
         self.accepted_ms = self.last_rx_ms = now
         self.counts_dirty = False
         self.counts_sent_ms = now - SUB_COUNT_INTERVAL_MS
@@ -1054,7 +1069,16 @@ class Gateway:
         c = self.clients[ci]
         if c.state == S_CLOSING:
             return WANT_WRITE
+        if c.queue.replies_backed_up():
+            # It does not read the PONGs and ERRORs its frames cause: read nothing more from
+            # it until it does (or slow_client_timeout closes it).
+            return WANT_WRITE
         return WANT_READ | WANT_WRITE if c.queue.pending() else WANT_READ
+
+    def backlog(self, ci):
+        """True when client ci has whole frames received() left for the next turn: the port
+        calls received(ci, 0, now) for it each turn, before reading more from its socket."""
+        return self.clients[ci].backlog
 
     def flushed_close(self, ci):
         """True when client ci is closing and everything queued for it is sent: close it now."""
@@ -1084,7 +1108,13 @@ class Gateway:
             c.last_rx_ms = now
             if c.rx_start_ms < 0:
                 c.rx_start_ms = now
+        budget = FRAMES_PER_TURN
+        c.backlog = False
         while c.state == S_OPEN or c.state == S_READY:
+            if budget == 0:
+                c.backlog = True
+                return
+            budget -= 1
             op = d.next()
             if op == NEED_MORE:
                 # The frame deadline runs from the first byte of a frame still incomplete.
@@ -1116,6 +1146,7 @@ class Gateway:
                 self._release(c, SUB, j)
         c.queue.clear()
         c.decoder.reset()
+        c.backlog = False
         c.state = S_FREE
 
     def tick(self, now):
@@ -1170,6 +1201,7 @@ class Gateway:
                 c.rx_start_ms -= d
             if c.full_ms >= 0:
                 c.full_ms -= d
+            c.err_log_ms -= d
             for k in range(len(c.err_ms)):
                 c.err_ms[k] -= d
 
@@ -1361,7 +1393,7 @@ class Gateway:
         self._send(c, op, json.dumps(obj).encode())
 
     def _error(self, c, id_, code, message):
-        if c.queue.rings[RING_CONTROL].pend >= c.queue.reserve // 2:
+        if c.queue.replies_backed_up():
             # A client that does not read its ERRORs: count them, queue and log nothing more
             # (a flood of bad frames must cost O(1) each, never a log line each).
             c.queue.full = True
@@ -1369,7 +1401,19 @@ class Gateway:
             self.stats["dropped_queue"] += 1
             return
         self.stats["errors_sent"] += 1
-        self._log("warning", "client %d: ERROR %s (id %s): %s" % (c.index, code, id_, message))
+        # At most ERROR_LOG_PER_S lines a second per client: a flood of bad frames is one
+        # client's problem, not a flood of the gateway's log.
+        if self.now - c.err_log_ms >= 1000:
+            if c.err_log_skipped:
+                self._log("warning", "client %d: %d more ERRORs not logged"
+                          % (c.index, c.err_log_skipped))
+            c.err_log_ms = self.now
+            c.err_log_n = c.err_log_skipped = 0
+        if c.err_log_n < ERROR_LOG_PER_S:
+            c.err_log_n += 1
+            self._log("warning", "client %d: ERROR %s (id %s): %s" % (c.index, code, id_, message))
+        else:
+            c.err_log_skipped += 1
         self._send_json(c, OP_ERROR, {"id": id_, "code": code, "message": message})
 
     def _close(self, c, reason):
@@ -1498,8 +1542,6 @@ class Gateway:
         s["sub_topics"] = self.subs.used()
         evicted = refused = queued = 0
         for c in self.clients:
-            if c.state == S_FREE:
-                continue
             evicted += c.queue.evicted
             refused += c.queue.refused
             queued += c.queue.pending()

@@ -202,9 +202,14 @@ class GatewayLoop:
             timeout = self.poll_ms
         if link is not None and (link.wants_write() or link.polled):
             timeout = 5 if timeout > 5 else timeout
-        k = 0
         socks = self.socks
         n = len(socks)
+        backlog = False
+        for ci in range(n):
+            if socks[ci] is not None and gw.backlog(ci):
+                backlog = True
+                timeout = 0  # frames are waiting to be handled: do not sleep
+        k = 0
         for ev in self._ipoll(timeout):
             obj = ev[0]
             if obj is self.lsock:
@@ -241,6 +246,10 @@ class GatewayLoop:
                     self._write(ci)
         if link is not None and link.polled:
             link.on_readable(now)
+        if backlog:
+            for ci in range(n):  # their next slice of frames, readable or not
+                if socks[ci] is not None and gw.backlog(ci):
+                    self._read(ci, now)
         now = self.clock.ms()
         gw.tick(now)
         if link is not None:
@@ -311,6 +320,12 @@ class GatewayLoop:
         s = self.socks[ci]
         gw = self.gw
         dec = gw.clients[ci].decoder
+        if gw.backlog(ci):  # frames of an earlier read first; read more only when they are done
+            gw.received(ci, 0, now)
+            if gw.backlog(ci):
+                return
+        if not gw.interest(ci) & core.WANT_READ:
+            return  # it does not read its replies (or is closing): its input waits
         for _ in range(MAX_READS):
             space = dec.space()
             if space == 0:
@@ -330,7 +345,7 @@ class GatewayLoop:
                 self._drop(ci, "closed by client")
                 return
             gw.received(ci, n, now)
-            if gw.wants_close(ci) or n < space:
+            if gw.wants_close(ci) or gw.backlog(ci) or n < space:
                 return
 
     def _write(self, ci):

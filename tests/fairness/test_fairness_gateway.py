@@ -130,3 +130,121 @@ def test_a_client_that_stops_reading_is_closed_and_sigterm_is_honoured_under_flo
     os.kill(gw.pid, signal.SIGTERM)
     assert gw.wait(5) == 0
     assert time.monotonic() - t0 < 1.0, "SIGTERM took %.2f s" % (time.monotonic() - t0)
+
+
+class Honest:
+    """A UBRB client from 127.0.0.2 that reads everything: MESSAGE on /fast counted per writer
+    tag, and one PING in flight every 20 ms, its round trip recorded."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(hello("honest") + subscribe(1, "/fast", "std_msgs/msg/String", QOS_R))
+        self.got: dict = {}  # tag -> set of sequence numbers
+        self.rtts: dict = {}  # tag (the phase) -> [seconds]
+        self.phase = "-"  # pings are counted for phase A or B while its writer writes
+        self.running = True
+        self.closed = False
+
+    def run(self) -> None:
+        buf = bytearray()
+        ping_at: Optional[float] = None
+        next_ping = time.monotonic()
+        while self.running:
+            now = time.monotonic()
+            if ping_at is None and now >= next_ping:
+                ping_at = now
+                self.sock.sendall(ping())
+            r, _, _ = select.select([self.sock], [], [], 0.005)
+            if not r:
+                continue
+            data = self.sock.recv(1 << 20)
+            if not data:
+                self.closed = True
+                return
+            buf += data
+            frames, used = split_frames(buf)
+            del buf[:used]
+            for op, p in frames:
+                if op == U.OP_MESSAGE:
+                    text = p[4 + 8:]  # id, CDR encapsulation, string length
+                    tag = chr(text[0])
+                    self.got.setdefault(tag, set()).add(int(text[1:7]))
+                elif op == U.OP_PONG and ping_at is not None:
+                    t = time.monotonic()
+                    self.rtts.setdefault(self.phase, []).append(t - ping_at)
+                    ping_at = None
+                    next_ping = t + 0.02
+
+
+def p99(xs: List[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+
+
+def test_an_honest_client_keeps_its_messages_and_pings_beside_a_stalled_and_a_flooding_client(
+        procs):
+    import threading
+
+    cport = free_port(socket.SOCK_DGRAM)
+    link = "udp://127.0.0.1:%d" % cport
+    comp = e2e_proc(companion_argv(link))
+    procs.append(comp)
+    comp.wait_line(r"companion on link")
+    # Small queues so the stalled client's fills in half a second; never closed during the run
+    # (--slow-client-timeout 60): the cost of serving it while full is what is measured.
+    gw = Gateway("--link", link, "--profile", "pi", "--max-payload", "262144",
+                 "--queue-bytes", "1048576", "--slow-client-timeout", "60")
+    procs.append(gw)
+    gw.wait_line(r"ROS side up", 15)
+    honest = Honest(gw.port)
+    t = threading.Thread(target=honest.run, daemon=True)
+    t.start()
+
+    def write(tag: str, count: int) -> None:
+        # (the writer process's start-up, DDS discovery included, is not part of the phase)
+        w = e2e_proc([sys.executable, os.path.join(HERE, "dds_writer.py"), str(E2E_DOMAIN),
+                      "/fast", tag, "1000", "1000", str(count)])
+        procs.append(w)
+        w.wait_line(r"writing", 30)
+        honest.phase = tag
+        w.wait_line(r"sent \d+", 60)
+        honest.phase = "-"
+
+    try:
+        # Phase A, the in-run comparison: the honest client alone, 2000 messages at 1 kHz.
+        write("A", 2000)
+        # Phase B: a client subscribed to the same topic that never reads, and a client that
+        # floods PUBLISH for unknown ids and PING without reading either.
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", gw.port))
+        stalled.sendall(hello("stalled") + subscribe(1, "/fast", "std_msgs/msg/String", QOS_R))
+        flood = Proc([sys.executable, os.path.join(HERE, "flood.py"), str(gw.port), "60"])
+        procs.append(flood)
+        flood.wait_line("flooding")
+        time.sleep(1.0)  # the stalled client's queue and the flooder's replies are full by now
+        write("B", 5000)
+        # SIGTERM while the flood goes on: the gateway stops within a second.
+        t0 = time.monotonic()
+        os.kill(gw.pid, signal.SIGTERM)
+        assert gw.wait(5) == 0
+        stop_s = time.monotonic() - t0
+    finally:
+        honest.running = False
+        t.join(5)
+    share_a = len(honest.got.get("A", ())) / 2000
+    share_b = len(honest.got.get("B", ())) / 5000
+    p99_a, p99_b = p99(honest.rtts["A"]), p99(honest.rtts["B"])
+    counters = gw.wait_line(r"stopped; counters: (.*)").group(1)
+    print("\nhonest client: messages kept %.1f%% alone, %.1f%% beside a stalled and a flooding "
+          "client; ping p99 %.1f ms alone, %.1f ms beside them (%d / %d pings); SIGTERM -> exit "
+          "in %.2f s\ngateway counters: %s" % (100 * share_a, 100 * share_b, 1000 * p99_a,
+                                               1000 * p99_b, len(honest.rtts["A"]),
+                                               len(honest.rtts["B"]), stop_s, counters))
+    assert share_b >= 0.95
+    assert p99_b < 0.020
+    assert stop_s < 1.0
+    # The stalled client's queue was full the whole time: its frames were refused, counted.
+    assert "'queue_refused': 0," not in counters and "'dropped_queue': 0," not in counters
+    stalled.close()

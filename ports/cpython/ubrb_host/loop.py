@@ -86,6 +86,9 @@ class GatewayServer:
             self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
         timeout = self.gw.next_deadline(now) / 1000.0
         timeout = min(timeout, 0.05)
+        backlog = [ci for ci, s in enumerate(self.socks) if s is not None and self.gw.backlog(ci)]
+        if backlog:
+            timeout = 0  # frames are waiting to be handled: do not sleep
         for key, events in self.sel.select(timeout):
             kind, ci = key.data
             now = now_ms()
@@ -98,6 +101,8 @@ class GatewayServer:
                     self._read(ci, now)
                 if events & selectors.EVENT_WRITE and self.socks[ci] is not None:
                     self._write(ci)
+        for ci in backlog:  # their next slice of frames, readable or not
+            self._read(ci, now_ms())
         now = now_ms()
         self.gw.tick(now)
         if self.refused:
@@ -179,7 +184,14 @@ class GatewayServer:
         sock = self.socks[ci]
         if sock is None:
             return
-        dec = self.gw.clients[ci].decoder
+        gw = self.gw
+        dec = gw.clients[ci].decoder
+        if gw.backlog(ci):  # frames of an earlier read first; read more only when they are done
+            gw.received(ci, 0, now)
+            if gw.backlog(ci):
+                return
+        if not gw.interest(ci) & core.WANT_READ:
+            return  # it does not read its replies (or is closing): its input waits
         total = 0
         # Bounded reads per wake-up so one busy client cannot starve the others.
         while total < READ_BYTES_PER_TURN:
@@ -198,8 +210,8 @@ class GatewayServer:
                 self._drop(ci, "closed by client")
                 return
             total += n
-            self.gw.received(ci, n, now)
-            if self.gw.wants_close(ci):
+            gw.received(ci, n, now)
+            if gw.wants_close(ci) or gw.backlog(ci):
                 break
 
     def _write(self, ci: int) -> None:
