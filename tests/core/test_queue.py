@@ -213,7 +213,7 @@ def test_cost_of_a_push_does_not_depend_on_what_is_queued():
     body = bytes(24)
     for _ in range(1000):
         assert q.push_message(U.OP_MESSAGE, 1, body, 0, 24, True)  # 1000 x 40 bytes: full
-    for i in range(500):
+    for _ in range(500):
         before = q.evicted
         assert q.push_message(U.OP_MESSAGE, 1, body, 0, 24, True)
         assert q.evicted - before == 1

@@ -216,6 +216,8 @@ class GatewayServer:
 
     def _write(self, ci: int) -> None:
         sock = self.socks[ci]
+        if sock is None:
+            return
         q = self.gw.clients[ci].queue
         for _ in range(WRITES_PER_TURN):
             k = q.peek()
