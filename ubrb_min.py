@@ -1158,7 +1158,7 @@ class Gateway:
             if q.progress:
                 q.progress = False
                 c.full_ms = -1
-            if q.full:
+            if q.full or q.replies_backed_up():  # (then it is not read: it stalls too)
                 q.full = False
                 if c.full_ms < 0:
                     c.full_ms = now

@@ -84,3 +84,21 @@ def test_frames_completed_in_time_restart_the_deadline():
     assert [op for op, _ in c.frames()].count(U.OP_PONG) == 10
     gw.tick(t + 60000 - 1)  # a complete frame leaves no deadline running (the idle one does)
     assert "dribbling" not in c.session.close_reason
+
+
+def test_a_client_that_does_not_read_its_replies_is_not_read_then_closed():
+    gw, ros = gateway(control_reserve=1024, slow_client_timeout=5)
+    c = Client(gw)
+    c.send(hello())
+    c.frames()
+    ping = U.encode_frame(U.OP_PING, b"")
+    t = 0
+    while gw.interest(c.ci) & U.WANT_READ:  # PINGs, their PONGs never read
+        c.send(ping, now=t)
+        t += 1
+    assert t < 100  # half the control room: 512 bytes of PONGs
+    gw.tick(t)
+    gw.tick(t + 4999)
+    assert not c.closing()
+    gw.tick(t + 5000)
+    assert c.closing() and "slow client" in c.session.close_reason

@@ -31,7 +31,7 @@ def now_ms() -> int:
 
 def mapped_buffer(n: int) -> Any:
     """The allocation policy of CPython hosts, for core.Gateway(new_buffer=...): anonymous
-    mappings are zero pages until written, so the `pc` profile's 16 x 192 MiB of buffers are
+    mappings are zero pages until written, so the `pc` profile's 16 x 224 MiB of buffers are
     reserved at start-up (static bounds) but only touched pages cost RAM."""
     return mmap.mmap(-1, n) if n >= 1 << 20 else bytearray(n)
 
