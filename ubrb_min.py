@@ -970,8 +970,11 @@ class Gateway:
     """The UBRB v1 bridge state machine for all clients. Implements GatewaySink for the ROS side.
 
     Port contract (see ports/cpython/gateway.py):
-      ci = accept(now)            -> client index, or -1: send reject_frame() and close
+      ci = accept(now, peer)      -> client index, or -1: send reject_frame(), then close without
+                                     a reset (read and drop the peer's input first)
       decoder = clients[ci].decoder; recv into decoder.buf[decoder.fill:]; received(ci, n, now)
+      backlog(ci)                 -> frames wait: received(ci, 0, now) next turn, before reading
+      interest(ci)                -> WANT_READ / WANT_WRITE: what to wait for (and whether to read)
       queue = clients[ci].queue;  n = queue.peek(); send queue.buf[queue.out:queue.out + n];
                                   queue.sent(k)
       wants_close(ci)             -> the port closes once the queue is flushed (or at once on error)
