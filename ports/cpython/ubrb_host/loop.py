@@ -167,7 +167,9 @@ class GatewayServer:
         keep = []
         for sock, until in self.refused:
             done = now >= until
-            while not done:
+            for _ in range(4):  # bounded: a peer that keeps sending waits for the next turn
+                if done:
+                    break
                 try:
                     done = not sock.recv(65536)  # b"": the peer closed too
                 except (BlockingIOError, InterruptedError):
