@@ -90,6 +90,10 @@ IDLE_TIMEOUT_MS = 10000
 SUB_COUNT_INTERVAL_MS = 500
 ERROR_REPEAT_MS = 1000  # unknown_id / message_too_large: at most once per id per second
 CLOSE_FLUSH_MS = 2000  # a closing client that does not read its last frames is cut off after this
+# Frames of one client handled per Gateway.received() call: the rest wait in its decoder for the
+# next loop turn (Gateway.backlog), so a client flooding tiny frames gets a turn like the others.
+FRAMES_PER_TURN = 32
+ERROR_LOG_PER_S = 10  # ERROR log lines per client per second; the rest are counted
 
 # Decoder results
 NEED_MORE = 0
@@ -125,6 +129,9 @@ PROFILES = {
         "queue_bytes": 16 * MIB,  # per-client send queue
         "control_reserve": 64 * KIB,  # part of the queue only control frames may use
         "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
+        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile)
+        "slow_client_timeout": 5,
+        "frame_timeout": 10,
     },
     # An ESP32 / Pico W: a couple of clients, frames of a few KiB.
     "mcu": {
@@ -137,6 +144,9 @@ PROFILES = {
         "queue_bytes": 6 * KIB,
         "control_reserve": 1 * KIB,
         "max_throttled": 1,
+        "max_clients_per_address": 0,
+        "slow_client_timeout": 5,
+        "frame_timeout": 10,
     },
     # A PC in direct mode (ros_side --listen): the spec's defaults.
     "pc": {
@@ -146,9 +156,12 @@ PROFILES = {
         "max_topics": 512,
         "max_payload": 64 * MIB,
         "max_control": 1 * MIB,
-        "queue_bytes": 128 * MIB,
+        "queue_bytes": 160 * MIB,  # two data rings of 79.5 MiB: each holds a largest MESSAGE
         "control_reserve": 1 * MIB,
         "max_throttled": 16,
+        "max_clients_per_address": 0,
+        "slow_client_timeout": 5,
+        "frame_timeout": 10,
     },
 }
 # Every limit of a profile, with the sentence both ports' --help show for its flag.
@@ -163,6 +176,12 @@ LIMITS = (
     ("control_reserve", "bytes of each send queue only control frames may use"),
     ("max_throttled", "subscription topics --throttle can hold a message for at once "
      "(one max-payload buffer each)"),
+    ("max_clients_per_address", "connections one client address may hold (0: half of "
+     "max_clients, so one host never takes every slot)"),
+    ("slow_client_timeout", "seconds a client's send queue may stay full without it reading a "
+     "whole frame before the client is closed"),
+    ("frame_timeout", "seconds a frame may take to arrive once its first byte is in (a "
+     "dribbling client is closed)"),
 )
 PROFILE_KEYS = tuple([k for k, _ in LIMITS])
 
@@ -179,17 +198,21 @@ def make_profile(name, overrides=None):
             if overrides[k] is not None:
                 p[k] = int(overrides[k])
     for k in PROFILE_KEYS:
-        if p[k] < 1:
+        if p[k] < (0 if k == "max_clients_per_address" else 1):
             raise ValueError("%s must be at least 1" % k)
+    if p["max_clients_per_address"] == 0:
+        p["max_clients_per_address"] = max(1, (p["max_clients"] + 1) // 2)
     if p["max_control"] < 256:
         raise ValueError("max_control must be at least 256 bytes")
     if p["control_reserve"] < p["max_control"] + HDR:
         # A control frame must always fit in the reserved room, or PONG/ERROR could be lost.
         p["control_reserve"] = p["max_control"] + HDR
-    need = HDR + 4 + p["max_payload"] + p["control_reserve"]
+    # SendQueue: the control reserve, then a ring for reliable and one for best_effort MESSAGE
+    # frames, each half of the rest and each able to hold one largest MESSAGE.
+    need = 2 * (HDR + 4 + p["max_payload"]) + p["control_reserve"]
     if p["queue_bytes"] < need:
         raise ValueError(
-            "queue_bytes (%d) must hold one largest MESSAGE plus the control reserve (%d)"
+            "queue_bytes (%d) must hold two largest MESSAGEs plus the control reserve (%d)"
             % (p["queue_bytes"], need)
         )
     return p
@@ -418,113 +441,229 @@ class FrameDecoder:
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-client send queue: byte-bounded, control frames have reserved room, best-effort first out
+# Per-client send queue: three preallocated rings (control, reliable, best-effort) in one buffer
 # ---------------------------------------------------------------------------------------------
-class SendQueue:
-    """Frames waiting for one client's socket, in order, in one preallocated buffer.
+class FrameRing:
+    """Whole frames, first in first out, in buf[lo:hi], written and sent without ever moving a
+    byte: a frame never straddles the end (when it does not fit before `hi` the ring wraps at
+    the last frame's end, `wrap`, and continues at `lo`), so every frame is contiguous.
 
-    Pending bytes are buf[head:tail]; the port sends from there and calls `sent(n)`. Data frames
-    may use `cap - reserve` bytes, control frames all of it. When a frame does not fit, queued
-    best_effort MESSAGE frames are evicted, oldest first, before anything else is refused;
-    `owner.evictable(sub_id)` says which MESSAGE frames are best_effort.
-    """
+    `rem` is what is left to send of the frame at `head` (0: head is at a frame boundary). Every
+    operation is O(1) except `sent`, which walks the frame headers it passes (O(1) per frame)."""
 
-    def __init__(self, cap, reserve, owner, new_buffer=bytearray):
-        self.cap = cap
-        self.reserve = reserve
-        self.owner = owner
-        self.buf = new_buffer(cap)
-        self.head = 0  # first unsent byte
-        self.tail = 0  # end of queued bytes
-        self.walk = 0  # first frame boundary >= head: frames from here on are wholly unsent
-        self.evicted = 0  # best_effort MESSAGE frames evicted
-        self.refused = 0  # frames that found no room at all
-
-    def pending(self):
-        return self.tail - self.head
+    def __init__(self, buf, lo, size):
+        self.buf = buf
+        self.lo = lo
+        self.hi = lo + size
+        self.size = size
+        self.head = lo  # first unsent byte
+        self.tail = lo  # end of the last frame written
+        self.wrap = -1  # >= 0: wrapped; frames from head run to wrap, then from lo to tail
+        self.rem = 0
+        self.pend = 0  # bytes still to send (the frame in progress included)
+        self.frames = 0  # frames wholly unsent (the frame in progress excluded)
 
     def clear(self):
-        self.head = self.tail = self.walk = 0
+        self.head = self.tail = self.lo
+        self.wrap = -1
+        self.rem = self.pend = self.frames = 0
+
+    def reserve(self, size):
+        """Where a frame of `size` bytes may be written now (then `wrote(size)`), or -1."""
+        if self.pend == 0:
+            self.clear()
+        t = self.tail
+        if self.wrap >= 0:
+            return t if self.head - t >= size else -1
+        if self.hi - t >= size:
+            return t
+        if self.head - self.lo >= size:  # wrap: the next frame starts at lo
+            self.wrap = t
+            self.tail = self.lo
+            return self.lo
+        return -1
+
+    def wrote(self, size):
+        self.tail += size
+        self.pend += size
+        self.frames += 1
+
+    def fits_after_drop(self, size):
+        """Would a frame of `size` fit once every wholly unsent frame is dropped? (O(1))"""
+        if self.rem == 0:
+            return self.size >= size
+        end = self.head + self.rem
+        return self.hi - end >= size or self.head - self.lo >= size
+
+    def drop_oldest(self):
+        """Drop the oldest wholly unsent frame; returns how many frames went (0: none left).
+        While a frame is half written, the frames behind it cannot give their room back before
+        it is done: then all of them go at once (older first is still the order of loss)."""
+        k = self.frames
+        if k == 0:
+            return 0
+        if self.rem:
+            self.tail = self.head + self.rem
+            self.wrap = -1
+            self.pend = self.rem
+            self.frames = 0
+            return k
+        h = self.head
+        flen = HDR + get_u32(self.buf, h + 8)
+        h += flen
+        if h == self.wrap:
+            h = self.lo
+            self.wrap = -1
+        self.head = h
+        self.pend -= flen
+        self.frames -= 1
+        if self.pend == 0:
+            self.clear()
+        return 1
+
+    def run(self):
+        """Bytes that may be written to the socket from `head` in one piece."""
+        if self.pend == 0:
+            return 0
+        if self.wrap >= 0:
+            return self.wrap - self.head
+        return self.tail - self.head
 
     def sent(self, n):
-        self.head += n
-        if self.head == self.tail:
-            self.head = self.tail = self.walk = 0
-            return
+        """The socket took n bytes from head (n <= run()). Returns the frames it completed."""
         b = self.buf
-        while self.walk < self.head:
-            self.walk += HDR + get_u32(b, self.walk + 8)
+        done = 0
+        self.pend -= n
+        while n > 0:
+            if self.rem == 0:
+                self.rem = HDR + get_u32(b, self.head + 8)
+                self.frames -= 1
+            k = n if n < self.rem else self.rem
+            self.head += k
+            self.rem -= k
+            n -= k
+            if self.rem == 0:
+                done += 1
+                if self.head == self.wrap:
+                    self.head = self.lo
+                    self.wrap = -1
+        if self.pend == 0:
+            self.clear()
+        return done
 
-    def push_message(self, op, sid, src, off, n):
+
+RING_CONTROL = 0  # SendQueue.rings: control frames, reliable MESSAGE, best_effort MESSAGE
+RING_RELIABLE = 1
+RING_BEST_EFFORT = 2
+
+
+class SendQueue:
+    """Frames waiting for one client's socket, in one preallocated buffer of `cap` bytes split
+    into three FrameRings: control frames (HELLO_ACK, PONG, ERROR, SUB_COUNT) in the first
+    `reserve` bytes, then reliable and best_effort MESSAGE frames in half of the rest each.
+    Each ring keeps its order, so each topic's messages keep theirs (a topic has one QoS).
+
+    When a best_effort frame does not fit, the oldest queued best_effort frames are dropped
+    (O(1) each); a reliable frame that does not fit, and a control frame, are refused (the
+    reliable ones already queued are never touched). `full` is set on every drop or refusal
+    and `progress` whenever the socket completes a frame: the gateway closes a client whose
+    queue stays full with no progress (Gateway.tick).
+
+    Port contract: n = peek() bytes are ready at buf[out:out + n]; write some and call sent(k).
+    Control frames go first; the two data rings take turns, one run each; a frame the socket
+    took in part is finished before anything else."""
+
+    def __init__(self, cap, reserve, new_buffer=bytearray):
+        self.cap = cap
+        self.reserve = reserve
+        self.buf = new_buffer(cap)
+        data = cap - reserve
+        rel = data // 2
+        self.rings = (FrameRing(self.buf, 0, reserve), FrameRing(self.buf, reserve, rel),
+                      FrameRing(self.buf, reserve + rel, data - rel))
+        self.cur = 0  # the ring peek() chose: sent() applies to it
+        self.turn = RING_RELIABLE  # which data ring goes first when both have frames
+        self.out = 0
+        self.evicted = 0  # best_effort MESSAGE frames dropped for newer ones
+        self.refused = 0  # frames that found no room at all
+        self.full = False
+        self.progress = False
+
+    def pending(self):
+        r = self.rings
+        return r[0].pend + r[1].pend + r[2].pend
+
+    def replies_backed_up(self):
+        """Half the control room is taken: the client is not reading its PONGs and ERRORs."""
+        return self.rings[RING_CONTROL].pend >= self.reserve // 2
+
+    def clear(self):
+        for r in self.rings:
+            r.clear()
+        self.full = self.progress = False
+
+    def peek(self):
+        """How many bytes may be written now, from buf[out:]; 0 when nothing is pending."""
+        rings = self.rings
+        k = self.cur
+        if rings[k].rem == 0:  # at a frame boundary: choose again
+            if rings[RING_CONTROL].pend:
+                k = RING_CONTROL
+            else:
+                k = self.turn
+                if rings[k].pend == 0:
+                    k = RING_RELIABLE + RING_BEST_EFFORT - k
+                self.turn = RING_RELIABLE + RING_BEST_EFFORT - k
+            self.cur = k
+        r = rings[k]
+        self.out = r.head
+        n = r.run()
+        if k != RING_CONTROL and r.rem and rings[RING_CONTROL].pend and n > r.rem:
+            n = r.rem  # finish this frame, then the control frames waiting
+        return n
+
+    def sent(self, n):
+        if n > 0 and self.rings[self.cur].sent(n):
+            self.progress = True
+
+    def push_message(self, op, sid, src, off, n, best_effort=False):
         """Queue a MESSAGE-like frame: header, u32 id, then src[off:off+n]. False if refused."""
         size = HDR + 4 + n
-        if not self._room(size, False):
+        r = self.rings[RING_BEST_EFFORT if best_effort else RING_RELIABLE]
+        t = r.reserve(size)
+        if t < 0 and best_effort and r.fits_after_drop(size):
+            self.full = True
+            while t < 0:
+                k = r.drop_oldest()
+                if k == 0:
+                    break
+                self.evicted += k
+                t = r.reserve(size)
+        if t < 0:
+            self.full = True
+            self.refused += 1
             return False
         b = self.buf
-        t = self.tail
         put_header(b, t, op, 4 + n)
         put_u32(b, t + HDR, sid)
         copy_into(b, t + HDR + 4, src, off, n)
-        self.tail = t + size
+        r.wrote(size)
         return True
 
     def push_control(self, op, payload):
         """Queue a control frame (HELLO_ACK, PONG, ERROR, SUB_COUNT). False if refused."""
         n = len(payload)
-        if not self._room(HDR + n, True):
+        r = self.rings[RING_CONTROL]
+        t = r.reserve(HDR + n)
+        if t < 0:
+            self.full = True
+            self.refused += 1
             return False
         b = self.buf
-        t = self.tail
         put_header(b, t, op, n)
         copy_into(b, t + HDR, payload, 0, n)
-        self.tail = t + HDR + n
+        r.wrote(HDR + n)
         return True
-
-    def _room(self, size, control):
-        limit = self.cap if control else self.cap - self.reserve
-        if self.tail - self.head + size > limit:
-            self._evict(self.tail - self.head + size - limit)
-            if self.tail - self.head + size > limit:
-                self.refused += 1
-                return False
-        if self.tail + size > self.cap:
-            # Linear buffer: slide the pending bytes to the front (cheap when the client keeps up).
-            h = self.head
-            move_down(self.buf, 0, h, self.tail - h)
-            self.tail -= h
-            self.walk -= h
-            self.head = 0
-        return True
-
-    def _evict(self, need):
-        """Drop best_effort MESSAGE frames, oldest first, until `need` bytes are free (one pass)."""
-        b = self.buf
-        end = self.tail
-        # Dry run first: evicting frames that still would not make room loses data for nothing.
-        r = self.walk
-        freed = 0
-        while r < end and freed < need:
-            flen = HDR + get_u32(b, r + 8)
-            if b[r + 5] == OP_MESSAGE and self.owner.evictable(get_u32(b, r + HDR)):
-                freed += flen
-            r += flen
-        if freed < need:
-            return
-        r = w = self.walk  # read and write positions over the wholly unsent frames
-        freed = 0
-        while r < end and freed < need:
-            flen = HDR + get_u32(b, r + 8)
-            if b[r + 5] == OP_MESSAGE and self.owner.evictable(get_u32(b, r + HDR)):
-                freed += flen
-                self.evicted += 1
-            else:
-                if w != r:
-                    move_down(b, w, r, flen)
-                w += flen
-            r += flen
-        if w != r:
-            move_down(b, w, r, end - r)
-        self.tail = end - (r - w)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,7 +859,7 @@ class ClientSession:
         self.state = S_FREE
         self.decoder = FrameDecoder(p["max_payload"] + 4, p["max_control"], OP_PUBLISH, CLIENT_OPS,
                                     new_buffer)
-        self.queue = SendQueue(p["queue_bytes"], p["control_reserve"], self, new_buffer)
+        self.queue = SendQueue(p["queue_bytes"], p["control_reserve"], new_buffer)
         self.max_pubs = p["max_pubs"]
         self.max_subs = p["max_subs"]
         self.pub_id = [-1] * p["max_pubs"]  # publisher id, -1 = free entry
@@ -730,8 +869,12 @@ class ClientSession:
         self.sub_reliable = bytearray(p["max_subs"])
         self.sub_refs = bytearray(p["max_topics"])  # how many of my sub ids sit on each sub slot
         self.name = ""
+        self.host = None  # the peer's address (no port), for max_clients_per_address
         self.accepted_ms = 0
         self.last_rx_ms = 0
+        self.rx_start_ms = -1  # when the first byte of a still incomplete frame came; -1: none
+        self.backlog = False  # whole frames wait in the decoder for the next turn
+        self.full_ms = -1  # since when the send queue is full with no frame written; -1: not
         self.counts_dirty = False
         self.counts_sent_ms = -SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
@@ -741,6 +884,9 @@ class ClientSession:
         self.err_id = [0] * 8
         self.err_ms = [0] * 8
         self.err_next = 0
+        self.err_log_ms = -1000  # ERROR log lines: this second's start, lines, lines skipped
+        self.err_log_n = 0
+        self.err_log_skipped = 0
         # counters
         self.rx_frames = 0
         self.tx_frames = 0
@@ -759,16 +905,16 @@ class ClientSession:
         for i in range(len(self.err_code)):
             self.err_code[i] = None
         self.name = ""
+        self.host = None
+        self.rx_start_ms = self.full_ms = -1
+        self.backlog = False
+        self.err_log_ms = now - 1000
+        self.err_log_n = self.err_log_skipped = 0
         self.accepted_ms = self.last_rx_ms = now
         self.counts_dirty = False
         self.counts_sent_ms = now - SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.rx_frames = self.tx_frames = self.dropped = 0
-
-    def evictable(self, sid):
-        # A MESSAGE whose subscription is gone, or best_effort, may be evicted from the queue.
-        j = self.find_sub(sid)
-        return j < 0 or not self.sub_reliable[j]
 
     def find_pub(self, pid):
         ids = self.pub_id
@@ -839,9 +985,13 @@ class Gateway:
     """The UBRB v1 bridge state machine for all clients. Implements GatewaySink for the ROS side.
 
     Port contract (see ports/cpython/gateway.py):
-      ci = accept(now)            -> client index, or -1: send reject_frame() and close
+      ci = accept(now, peer)      -> client index, or -1: send reject_frame(), then close without
+                                     a reset (read and drop the peer's input first)
       decoder = clients[ci].decoder; recv into decoder.buf[decoder.fill:]; received(ci, n, now)
-      queue = clients[ci].queue;  send queue.buf[queue.head:queue.tail]; queue.sent(n)
+      backlog(ci)                 -> frames wait: received(ci, 0, now) next turn, before reading
+      interest(ci)                -> WANT_READ / WANT_WRITE: what to wait for (and whether to read)
+      queue = clients[ci].queue;  n = queue.peek(); send queue.buf[queue.out:queue.out + n];
+                                  queue.sent(k)
       wants_close(ci)             -> the port closes once the queue is flushed (or at once on error)
       closed(ci, reason)          -> the socket is gone; releases everything the client registered
       tick(now)                   -> timers; call at least every 100 ms
@@ -871,6 +1021,7 @@ class Gateway:
         self.ros_max_message = 0
         self.now = 0
         self.publishing = -1  # client index inside ros.publish(), for errors raised synchronously
+        self.refusal = ""  # why accept() last refused a connection (reject_frame's message)
         self.stats = {
             "clients_accepted": 0,
             "clients_rejected": 0,
@@ -882,6 +1033,9 @@ class Gateway:
             "dropped_queue": 0,
             "evicted": 0,
             "errors_sent": 0,
+            "rejected_per_address": 0,
+            "closed_slow": 0,  # send queue full with nothing read for slow_client_timeout
+            "closed_frame_timeout": 0,  # a frame not complete frame_timeout after its first byte
         }
 
     def set_policy(self, policy, new_buffer=bytearray):
@@ -904,8 +1058,9 @@ class Gateway:
 
     # -- port-facing -------------------------------------------------------------------------
     def accept(self, now, peer=None):
-        """A new connection (from `peer`, for the log): its client index, or -1 when every
-        session is taken (send reject_frame(), then close it)."""
+        """A new connection (from `peer`, the port's address object: for the log and the
+        per-address limit): its client index, or -1 when every session is taken or the peer's
+        address holds max_clients_per_address of them (send reject_frame(), then close it)."""
         self.now = now
         self._refused_address = False
         if self.policy is not None and not self.policy.client_allowed(peer):
@@ -913,31 +1068,41 @@ class Gateway:
             self.stats["clients_refused_address"] += 1
             self._log("warning", "refusing %s: not in --allow-clients" % (peer,))
             return -1
+        host = peer_host(peer)
+        if host is not None:
+            n = 0
+            for c in self.clients:
+                if c.state != S_FREE and c.host == host:
+                    n += 1
+            if n >= self.p["max_clients_per_address"]:
+                self.stats["clients_rejected"] += 1
+                self.stats["rejected_per_address"] += 1
+                self.refusal = ("the gateway serves at most %d clients per address "
+                                "(--max-clients-per-address)" % self.p["max_clients_per_address"])
+                self._log("warning", "refusing %s: its address holds %d clients already"
+                          % (peer, n))
+                return -1
         for c in self.clients:
             if c.state == S_FREE:
                 c.open(now)
+                c.host = host
                 self.stats["clients_accepted"] += 1
                 if peer is not None:
                     self._log("info", "client %d connected from %s" % (c.index, peer))
                 return c.index
         self.stats["clients_rejected"] += 1
+        self.refusal = "the gateway serves at most %d clients" % self.p["max_clients"]
         if peer is not None:
             self._log("warning", "refusing %s: too many clients" % (peer,))
         return -1
 
     def reject_frame(self):
-        """The bytes to send a connection refused for capacity before closing it (none for a
+        """The bytes to send a connection accept() just refused before closing it (none for a
         peer outside --allow-clients: it is closed without a word)."""
         if self._refused_address:
             return b""
         return encode_json_frame(
-            OP_ERROR,
-            {
-                "id": None,
-                "code": "too_many_clients",
-                "message": "the gateway serves at most %d clients" % self.p["max_clients"],
-            },
-        )
+            OP_ERROR, {"id": None, "code": "too_many_clients", "message": self.refusal})
 
     def wants_close(self, ci):
         return self.clients[ci].state == S_CLOSING
@@ -948,7 +1113,16 @@ class Gateway:
         c = self.clients[ci]
         if c.state == S_CLOSING:
             return WANT_WRITE
+        if c.queue.replies_backed_up():
+            # It does not read the PONGs and ERRORs its frames cause: read nothing more from
+            # it until it does (or slow_client_timeout closes it).
+            return WANT_WRITE
         return WANT_READ | WANT_WRITE if c.queue.pending() else WANT_READ
+
+    def backlog(self, ci):
+        """True when client ci has whole frames received() left for the next turn: the port
+        calls received(ci, 0, now) for it each turn, before reading more from its socket."""
+        return self.clients[ci].backlog
 
     def flushed_close(self, ci):
         """True when client ci is closing and everything queued for it is sent: close it now."""
@@ -976,10 +1150,22 @@ class Gateway:
         d.commit(n)
         if n:
             c.last_rx_ms = now
+            if c.rx_start_ms < 0:
+                c.rx_start_ms = now
+        budget = FRAMES_PER_TURN
+        c.backlog = False
         while c.state == S_OPEN or c.state == S_READY:
+            if budget == 0:
+                c.backlog = True
+                return
+            budget -= 1
             op = d.next()
             if op == NEED_MORE:
+                # The frame deadline runs from the first byte of a frame still incomplete.
+                if d.fill == d.pos:
+                    c.rx_start_ms = -1
                 return
+            c.rx_start_ms = now
             if op == MALFORMED:
                 self._error(c, None, "protocol_error", d.error)
                 self._close(c, "malformed frame: " + d.error)
@@ -1004,6 +1190,7 @@ class Gateway:
                 self._release(c, SUB, j)
         c.queue.clear()
         c.decoder.reset()
+        c.backlog = False
         c.state = S_FREE
 
     def tick(self, now):
@@ -1011,7 +1198,30 @@ class Gateway:
         if self.throttle is not None:
             self._release_throttled(now)
         for c in self.clients:
-            if c.state == S_OPEN and now - c.accepted_ms >= HELLO_TIMEOUT_MS:
+            if c.state == S_FREE:
+                continue
+            q = c.queue
+            if q.progress:
+                q.progress = False
+                c.full_ms = -1
+            if q.full or q.replies_backed_up():  # (then it is not read: it stalls too)
+                q.full = False
+                if c.full_ms < 0:
+                    c.full_ms = now
+            if c.state == S_CLOSING:
+                continue
+            if c.full_ms >= 0 and now - c.full_ms >= self.p["slow_client_timeout"] * 1000:
+                self.stats["closed_slow"] += 1
+                self._close(c, "send queue full for %d s without a frame read (slow client)"
+                            % self.p["slow_client_timeout"])
+                c.close_ms = now - CLOSE_FLUSH_MS  # nothing it would read: close at once
+            elif c.rx_start_ms >= 0 and now - c.rx_start_ms >= self.p["frame_timeout"] * 1000:
+                self.stats["closed_frame_timeout"] += 1
+                self._error(c, None, "protocol_error", "frame not complete %d s after its first "
+                            "byte" % self.p["frame_timeout"])
+                self._close(c, "frame not complete %d s after its first byte (dribbling client)"
+                            % self.p["frame_timeout"])
+            elif c.state == S_OPEN and now - c.accepted_ms >= HELLO_TIMEOUT_MS:
                 self._error(c, None, "hello_required", "no HELLO within 5 s of connecting")
                 self._close(c, "no HELLO within 5 s")
             elif (c.state == S_OPEN or c.state == S_READY) and now - c.last_rx_ms >= IDLE_TIMEOUT_MS:
@@ -1035,6 +1245,11 @@ class Gateway:
             c.last_rx_ms -= d
             c.counts_sent_ms -= d
             c.close_ms -= d
+            if c.rx_start_ms >= 0:
+                c.rx_start_ms -= d
+            if c.full_ms >= 0:
+                c.full_ms -= d
+            c.err_log_ms -= d
             for k in range(len(c.err_ms)):
                 c.err_ms[k] -= d
 
@@ -1255,8 +1470,27 @@ class Gateway:
         self._send(c, op, json.dumps(obj).encode())
 
     def _error(self, c, id_, code, message):
+        if c.queue.replies_backed_up():
+            # A client that does not read its ERRORs: count them, queue and log nothing more
+            # (a flood of bad frames must cost O(1) each, never a log line each).
+            c.queue.full = True
+            c.dropped += 1
+            self.stats["dropped_queue"] += 1
+            return
         self.stats["errors_sent"] += 1
-        self._log("warning", "client %d: ERROR %s (id %s): %s" % (c.index, code, id_, message))
+        # At most ERROR_LOG_PER_S lines a second per client: a flood of bad frames is one
+        # client's problem, not a flood of the gateway's log.
+        if self.now - c.err_log_ms >= 1000:
+            if c.err_log_skipped:
+                self._log("warning", "client %d: %d more ERRORs not logged"
+                          % (c.index, c.err_log_skipped))
+            c.err_log_ms = self.now
+            c.err_log_n = c.err_log_skipped = 0
+        if c.err_log_n < ERROR_LOG_PER_S:
+            c.err_log_n += 1
+            self._log("warning", "client %d: ERROR %s (id %s): %s" % (c.index, code, id_, message))
+        else:
+            c.err_log_skipped += 1
         self._send_json(c, OP_ERROR, {"id": id_, "code": code, "message": message})
 
     def _close(self, c, reason):
@@ -1373,7 +1607,8 @@ class Gateway:
             left = c.sub_refs[slot]  # this client's ids on the slot: stop after the last one
             j = next_held(ids, c.sub_slot, slot, 0)
             while j >= 0:
-                if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n):
+                if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n,
+                                        not c.sub_reliable[j]):
                     c.tx_frames += 1
                     self.stats["message_out"] += 1
                 else:
@@ -1409,6 +1644,18 @@ class Gateway:
             s["throttle_superseded"] = self.throttle.superseded
             s["throttle_unheld"] = self.throttle.unheld
         return s
+
+
+def peer_host(peer):
+    """The address of a peer without its port: a (host, port, ...) tuple gives host; a raw
+    sockaddr (MicroPython's unix port) gives its bytes without the port's; None stays None."""
+    if peer is None:
+        return None
+    if isinstance(peer, tuple) or isinstance(peer, list):
+        return peer[0]
+    if isinstance(peer, bytes) or isinstance(peer, bytearray):
+        return bytes(peer[:2]) + bytes(peer[4:])
+    return peer
 
 
 def _parse_id(msg):

@@ -47,7 +47,10 @@ def connect(gw, data):
     U.copy_into(dec.buf, dec.fill, data, 0, len(data))
     gw.received(ci, len(data), 0)
     q = gw.clients[ci].queue
-    q.sent(q.pending())
+    k = q.peek()
+    while k:
+        q.sent(k)
+        k = q.peek()
     return ci
 
 
@@ -75,7 +78,7 @@ def core(size):
             U.copy_into(dec.buf, dec.fill, frame, 0, flen)
             gw.received(a, flen, i)
             gw.ros_message(slot, msg, 0, size)
-            q.sent(q.pending())
+            q.sent(q.peek())
 
     return relay
 

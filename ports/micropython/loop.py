@@ -156,6 +156,7 @@ class GatewayLoop:
         # Events collected during ipoll(), handled after it: who (0 listener, 1 link, 2+ci) and what.
         self.ev_who = [0] * (n + 2)
         self.ev_bits = [0] * (n + 2)
+        self.scratch = bytearray(64)  # where a refused connection's input is read and dropped
         self.running = True
         now = self.clock.ms()
         self.accepting = False
@@ -201,9 +202,14 @@ class GatewayLoop:
             timeout = self.poll_ms
         if link is not None and (link.wants_write() or link.polled):
             timeout = 5 if timeout > 5 else timeout
-        k = 0
         socks = self.socks
         n = len(socks)
+        backlog = False
+        for ci in range(n):
+            if socks[ci] is not None and gw.backlog(ci):
+                backlog = True
+                timeout = 0  # frames are waiting to be handled: do not sleep
+        k = 0
         for ev in self._ipoll(timeout):
             obj = ev[0]
             if obj is self.lsock:
@@ -240,6 +246,10 @@ class GatewayLoop:
                     self._write(ci)
         if link is not None and link.polled:
             link.on_readable(now)
+        if backlog:
+            for ci in range(n):  # their next slice of frames, readable or not
+                if socks[ci] is not None and gw.backlog(ci):
+                    self._read(ci, now)
         now = self.clock.ms()
         gw.tick(now)
         if link is not None:
@@ -297,6 +307,11 @@ class GatewayLoop:
     def _refuse(self, s):
         try:  # best effort: the ERROR too_many_clients, then the close
             s.write(self.gw.reject_frame())
+            # Read what the peer already sent (its HELLO): closing with unread input would
+            # reset the connection, and a reset can destroy the ERROR before it is read.
+            for _ in range(4):
+                if not s.readinto(self.scratch):  # None: nothing waiting; 0: the peer closed
+                    break
         except OSError:
             pass
         s.close()
@@ -305,6 +320,12 @@ class GatewayLoop:
         s = self.socks[ci]
         gw = self.gw
         dec = gw.clients[ci].decoder
+        if gw.backlog(ci):  # frames of an earlier read first; read more only when they are done
+            gw.received(ci, 0, now)
+            if gw.backlog(ci):
+                return
+        if not gw.interest(ci) & core.WANT_READ:
+            return  # it does not read its replies (or is closing): its input waits
         for _ in range(MAX_READS):
             space = dec.space()
             if space == 0:
@@ -324,18 +345,18 @@ class GatewayLoop:
                 self._drop(ci, "closed by client")
                 return
             gw.received(ci, n, now)
-            if gw.wants_close(ci) or n < space:
+            if gw.wants_close(ci) or gw.backlog(ci) or n < space:
                 return
 
     def _write(self, ci):
         s = self.socks[ci]
         q = self.gw.clients[ci].queue
         for _ in range(MAX_WRITES):
-            n = q.pending()
+            n = q.peek()
             if n == 0:
                 break
             try:
-                k = s.write(q.buf, q.head, n)
+                k = s.write(q.buf, q.out, n)
             except OSError as e:
                 self._drop(ci, "write error: %s" % e)
                 return

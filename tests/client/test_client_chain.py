@@ -179,8 +179,9 @@ def gateway_counters(gw: Proc) -> str:
         gw.wait(5)
     except AssertionError:
         gw.kill()
-    m = re.search(r"stopped; counters: (\{.*\})", gw.text())
-    return m.group(1) if m else "(no counters logged)"
+    text = gw.text()
+    i = text.rfind("counters (non-zero):")
+    return text[i:] if i >= 0 else "(no counters logged)"
 
 
 # -- 1: kill and restart the gateway mid-stream ----------------------------------------------------

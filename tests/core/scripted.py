@@ -100,6 +100,8 @@ class Client:
             n = min(len(data) - o, d.space())
             U.copy_into(d.buf, d.fill, data, o, n)
             self.gw.received(self.ci, n, now)
+            while self.gw.backlog(self.ci):  # what a port does on its next loop turns
+                self.gw.received(self.ci, 0, now)
             o += n
             if self.gw.wants_close(self.ci):
                 break
@@ -107,9 +109,13 @@ class Client:
     def frames(self, limit=None):
         """Everything queued for this client (up to `limit` bytes), as (op, payload) pairs."""
         q = self.session.queue
-        n = q.pending() if limit is None else min(limit, q.pending())
-        data = bytes(q.buf[q.head : q.head + n])
-        q.sent(n)
+        left = q.pending() if limit is None else min(limit, q.pending())
+        data = b""
+        while left > 0:
+            n = min(q.peek(), left)
+            data += bytes(q.buf[q.out : q.out + n])
+            q.sent(n)
+            left -= n
         return parse_frames(data)
 
     def json_frames(self, op):

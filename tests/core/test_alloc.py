@@ -37,7 +37,10 @@ def relay(gw, pubc, subc, frame, msg, slot, rounds):
         gw.received(pubc.ci, n, i)
         # ...and a ROS message goes out as MESSAGE to another, which the socket then takes.
         gw.ros_message(slot, msg, 0, 300)
-        q.sent(q.pending())
+        k = q.peek()
+        while k:
+            q.sent(k)
+            k = q.peek()
 
 
 def measure(run):
@@ -77,3 +80,33 @@ def test_relaying_10000_publish_and_message_frames_allocates_nothing():
     # costs a few hundred bytes once; a per-relay allocation kept alive would be >= 10,000 bytes.
     limit = 0 if U.IS_MICROPYTHON else 1024
     assert grown <= limit, "heap grew by %d bytes over %d relays" % (grown, N)
+
+
+def test_a_client_that_never_reads_costs_no_allocation():
+    # The issue-13 client: subscribed to a busy best_effort topic, never reading, flooding PING
+    # and PUBLISH for ids it never advertised. Once its queue is full every event is an O(1)
+    # eviction or a counted refusal: nothing allocated, nothing scanned.
+    gw, ros = gateway(queue_bytes=16384)
+    ros.record = False
+    c = Client(gw)
+    c.send(hello() + subscribe(2, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE))
+    slot = gw.subs.find("/scan")
+    dec = c.session.decoder
+    flood = bytearray(U.encode_frame(U.OP_PING, b"") + publish(77, bytes(20)))
+    n = len(flood)
+    msg = bytearray(1000)
+
+    def rounds(k):
+        for i in range(k):
+            gw.ros_message(slot, msg, 0, 1000)
+            U.copy_into(dec.buf, dec.fill, flood, 0, n)
+            gw.received(c.ci, n, 5000 + i)  # unknown_id reported once a second: then dropped
+
+    rounds(200)  # fills the rings (the ERROR and its JSON are made here, once)
+    q = c.session.queue
+    ev = q.evicted
+    grown = measure(lambda: rounds(N))
+    assert q.evicted - ev == N  # one eviction per message
+    assert c.session.dropped >= N  # every PONG and PUBLISH beyond the room: counted
+    limit = 0 if U.IS_MICROPYTHON else 1024
+    assert grown <= limit, "heap grew by %d bytes over %d events" % (grown, N)

@@ -470,6 +470,29 @@ def test_a_slow_client_is_written_as_it_reads():
     assert not rig.loop.mask[ci] & F.POLLOUT
 
 
+def test_a_burst_of_frames_is_handled_over_turns_and_others_are_served_meanwhile():
+    rig = Rig()
+    rig.up()
+    a = rig.connect()
+    b = rig.connect()
+    a.send(hello())
+    b.send(hello())
+    rig.run(30)
+    frames(a)
+    frames(b)
+    ping = U.encode_frame(U.OP_PING, b"")
+    a.send(ping * (U.FRAMES_PER_TURN * 3))  # three turns' worth of frames in one read
+    rig.step()
+    b.send(ping)
+    rig.step()
+    assert [op for op, _ in frames(b)] == [U.OP_PONG]  # served in the next turn
+    got = frames(a)
+    assert 0 < len(got) < U.FRAMES_PER_TURN * 3  # a's frames take turns of their own
+    rig.run(50)
+    assert len(got) + len(frames(a)) == U.FRAMES_PER_TURN * 3  # and every one is answered
+    assert not rig.gw.backlog(ci_of(rig, a))
+
+
 def test_uart_link_is_paced_to_the_line_rate():
     rig = Rig(link="uart:1", baud=9600, tx=17, rx=16)
     u = rig.machine.uarts[1]

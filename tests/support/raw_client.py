@@ -19,8 +19,12 @@ class RawClient:
     """Blocking: ``recv_frame``/``expect*`` read frames as they come. (A subclass may read from a
     thread of its own with ``receive``.)"""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0,
+                 source: Optional[str] = None) -> None:
+        # source: the local address to connect from (127.0.0.x: another host, as the gateway's
+        # per-address limit sees it)
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
         self.pending: List[Frame] = []      # received, not yet handed out by recv_frame

@@ -17,6 +17,12 @@ import ubrb_min as core
 log = logging.getLogger("ubrb.gateway")
 
 ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
+# Work per client per loop turn is bounded, so a flood from one client cannot delay the others,
+# the link or a SIGTERM: at most this many bytes read (then its frames handled) per turn.
+READ_BYTES_PER_TURN = 64 * 1024
+WRITES_PER_TURN = 16
+REFUSED_LINGER_S = 2.0  # a refused connection is drained this long so its ERROR is not reset
+REFUSED_MAX = 16  # refused connections lingering at once; more are closed at once
 
 
 def now_ms() -> int:
@@ -25,7 +31,7 @@ def now_ms() -> int:
 
 def mapped_buffer(n: int) -> Any:
     """The allocation policy of CPython hosts, for core.Gateway(new_buffer=...): anonymous
-    mappings are zero pages until written, so the `pc` profile's 16 x 192 MiB of buffers are
+    mappings are zero pages until written, so the `pc` profile's 16 x 224 MiB of buffers are
     reserved at start-up (static bounds) but only touched pages cost RAM."""
     return mmap.mmap(-1, n) if n >= 1 << 20 else bytearray(n)
 
@@ -56,6 +62,10 @@ class GatewayServer:
         self.accepting = False
         self.accept_at = now_ms() + (accept_grace_ms if link is not None else 0)
         self.socks: List[Optional[socket.socket]] = [None] * len(gw.clients)
+        # Refused connections: their ERROR too_many_clients sent, our side shut down for writing,
+        # their input read and dropped until they close (or REFUSED_LINGER_S): closing a socket
+        # with unread input (a HELLO) would send a reset that can destroy the ERROR in flight.
+        self.refused: List[tuple[socket.socket, float]] = []
         self.running = True
         self.link_fd = -1
         if link is not None:
@@ -76,6 +86,9 @@ class GatewayServer:
             self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
         timeout = self.gw.next_deadline(now) / 1000.0
         timeout = min(timeout, 0.05)
+        backlog = [ci for ci, s in enumerate(self.socks) if s is not None and self.gw.backlog(ci)]
+        if backlog:
+            timeout = 0  # frames are waiting to be handled: do not sleep
         for key, events in self.sel.select(timeout):
             kind, ci = key.data
             now = now_ms()
@@ -88,8 +101,12 @@ class GatewayServer:
                     self._read(ci, now)
                 if events & selectors.EVENT_WRITE and self.socks[ci] is not None:
                     self._write(ci)
+        for ci in backlog:  # their next slice of frames, readable or not
+            self._read(ci, now_ms())
         now = now_ms()
         self.gw.tick(now)
+        if self.refused:
+            self._drain_refused()
         if self.link is not None:
             self.link.tick(now)
             self._sync_link_fd()
@@ -136,22 +153,55 @@ class GatewayServer:
     def _refuse(self, sock: socket.socket) -> None:
         try:  # best effort: the ERROR too_many_clients, then the close
             sock.send(self.gw.reject_frame())
+            sock.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
-        sock.close()
+            sock.close()
+            return
+        if len(self.refused) >= REFUSED_MAX:
+            self.refused.pop(0)[0].close()
+        self.refused.append((sock, time.monotonic() + REFUSED_LINGER_S))
+        self._drain_refused()
+
+    def _drain_refused(self) -> None:
+        now = time.monotonic()
+        keep = []
+        for sock, until in self.refused:
+            done = now >= until
+            for _ in range(4):  # bounded: a peer that keeps sending waits for the next turn
+                if done:
+                    break
+                try:
+                    done = not sock.recv(65536)  # b"": the peer closed too
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    done = True
+            if done:
+                sock.close()
+            else:
+                keep.append((sock, until))
+        self.refused = keep
 
     def _read(self, ci: int, now: int) -> None:
         sock = self.socks[ci]
         if sock is None:
             return
-        dec = self.gw.clients[ci].decoder
+        gw = self.gw
+        dec = gw.clients[ci].decoder
+        if gw.backlog(ci):  # frames of an earlier read first; read more only when they are done
+            gw.received(ci, 0, now)
+            if gw.backlog(ci):
+                return
+        if not gw.interest(ci) & core.WANT_READ:
+            return  # it does not read its replies (or is closing): its input waits
         total = 0
         # Bounded reads per wake-up so one busy client cannot starve the others.
-        for _ in range(16):
+        while total < READ_BYTES_PER_TURN:
             if dec.space() == 0:
                 break
             try:
-                n = sock.recv_into(memoryview(dec.buf)[dec.fill :], dec.space())
+                n = sock.recv_into(memoryview(dec.buf)[dec.fill :],
+                                   min(dec.space(), READ_BYTES_PER_TURN - total))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
@@ -162,22 +212,29 @@ class GatewayServer:
                 self._drop(ci, "closed by client")
                 return
             total += n
-            self.gw.received(ci, n, now)
-            if self.gw.wants_close(ci):
+            gw.received(ci, n, now)
+            if gw.wants_close(ci) or gw.backlog(ci):
                 break
 
     def _write(self, ci: int) -> None:
         sock = self.socks[ci]
+        if sock is None:
+            return
         q = self.gw.clients[ci].queue
-        while sock is not None and q.pending():
+        for _ in range(WRITES_PER_TURN):
+            k = q.peek()
+            if k == 0:
+                break
             try:
-                n = sock.send(memoryview(q.buf)[q.head : q.tail])
+                n = sock.send(memoryview(q.buf)[q.out : q.out + k])
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
                 self._drop(ci, f"write error: {e}")
                 return
             q.sent(n)
+            if n < k:
+                break
         if self.gw.flushed_close(ci):
             self._drop(ci, self.gw.clients[ci].close_reason)
 
@@ -204,6 +261,9 @@ class GatewayServer:
         self.gw.closed(ci, reason)
 
     def close(self) -> None:
+        for sock, _ in self.refused:
+            sock.close()
+        self.refused = []
         for ci, s in enumerate(self.socks):
             if s is not None:
                 self._drop(ci, "gateway shutting down")
