@@ -75,6 +75,14 @@ LOOPBACK_XML = (
     '<Peers><Peer address="127.0.0.1"/></Peers></Discovery></Domain></CycloneDDS>'
 )
 
+# Fast DDS (rmw_fastrtps, Kilted: Fast DDS 3.2) announces XTypes type information that
+# cyclonedds 11.0.1 rejects for every type with a sequence or an array ("ddsi_xt_type_init_impl
+# with invalid type object"); such endpoints then never match. ROS 2 matches by topic and type
+# name only, so Cyclone is told to ignore the type information of eProsima's vendor id (1.15).
+FASTDDS_COMPAT_XML = (
+    '<CycloneDDS><Domain><Compatibility><IgnoreTypeInformation>1.15</IgnoreTypeInformation>'
+    '</Compatibility></Domain></CycloneDDS>'
+)
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
@@ -92,12 +100,39 @@ def localhost_only(env=None):
     return env.get("ROS_AUTOMATIC_DISCOVERY_RANGE", "").strip().upper() == "LOCALHOST"
 
 
-def implied_config(env=None):
-    """LOOPBACK_XML when ``localhost_only(env)`` and the user has not set ``CYCLONEDDS_URI``."""
+def _config_text(uri):
+    """The text of a CYCLONEDDS_URI (inline XML, or the files of ``file://`` entries) to inspect."""
+    parts = []
+    for item in uri.split(","):
+        item = item.strip()
+        if item.startswith("file://"):
+            try:
+                with open(item[len("file://"):], encoding="utf-8") as f:
+                    parts.append(f.read())
+            except OSError:
+                pass
+        else:
+            parts.append(item)
+    return "\n".join(parts)
+
+
+def build_config(env=None):
+    """The Cyclone configuration for the backend's domain.
+
+    Base: the user's ``CYCLONEDDS_URI`` if set, else ``LOOPBACK_XML`` when ``localhost_only(env)``,
+    else Cyclone's defaults. ``FASTDDS_COMPAT_XML`` is appended (Cyclone merges a comma-separated
+    list of configurations in order) unless the user's configuration already says how to treat
+    type information: then theirs is kept as it is.
+    """
     env = os.environ if env is None else env
-    if localhost_only(env) and not env.get("CYCLONEDDS_URI"):
-        return LOOPBACK_XML
-    return None
+    user = env.get("CYCLONEDDS_URI", "").strip()
+    if user:
+        if "IgnoreTypeInformation" in _config_text(user):
+            return user
+        return user + "," + FASTDDS_COMPAT_XML
+    if localhost_only(env):
+        return LOOPBACK_XML + "," + FASTDDS_COMPAT_XML
+    return FASTDDS_COMPAT_XML
 
 
 def default_domain(env=None):
@@ -163,8 +198,8 @@ class _Sub:
 class DdsBackend:
     """Backend ``dds``. ``DdsBackend(domain=None, distro='humble', msg_paths=())``.
 
-    ``domain`` None -> ``ROS_DOMAIN_ID`` else 0. Applies ``LOOPBACK_XML`` when ``localhost_only()``
-    and ``CYCLONEDDS_URI`` is unset.
+    ``domain`` None -> ``ROS_DOMAIN_ID`` else 0. The domain's configuration is ``build_config()``
+    (loopback when ``localhost_only()``, Fast DDS type-information compatibility always).
     """
 
     name = "dds"
@@ -175,14 +210,7 @@ class DdsBackend:
         for problem in self.types.problems:
             log.warning("--msg-path: %s", problem)
         self.domain_id = default_domain() if domain is None else int(domain)
-        self._domain = None
-        if config is None:
-            config = implied_config()
-        if config is not None:
-            try:
-                self._domain = Domain(self.domain_id, config)
-            except DDSException as e:  # domain already created in this process
-                log.warning("could not apply DDS config to domain %d: %s", self.domain_id, e)
+        self._domain = self._make_domain(build_config() if config is None else config)
         self.dp = DomainParticipant(self.domain_id)
         self._lock = threading.RLock()
         self._topics = {}       # ros topic -> [Topic, ros_type, users]
@@ -195,6 +223,24 @@ class DdsBackend:
         self.callback_errors = 0
         self._thread = threading.Thread(target=self._run, name="ros_side-dds-waitset", daemon=True)
         self._thread.start()
+
+    def _make_domain(self, config):
+        try:
+            return Domain(self.domain_id, config)
+        except DDSException as e:
+            user = os.environ.get("CYCLONEDDS_URI", "").strip()
+            if user and config.startswith(user + ","):
+                log.warning("CYCLONEDDS_URI could not take the Fast DDS compatibility setting (%s); "
+                            "using it as it is: message types with sequences or arrays will not "
+                            "match rmw_fastrtps peers unless it sets <Compatibility>"
+                            "<IgnoreTypeInformation>1.15</IgnoreTypeInformation>", e)
+                try:
+                    return Domain(self.domain_id, user)
+                except DDSException as e2:
+                    e = e2
+            # e.g. the domain already exists in this process: it keeps its configuration
+            log.warning("could not apply DDS config to domain %d: %s", self.domain_id, e)
+            return None
 
     # -- helpers ----------------------------------------------------------------------------------
     def _acquire_topic(self, topic, ros_type):
