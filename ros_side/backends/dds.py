@@ -163,6 +163,23 @@ def make_qos(qos, writer, type_hash=None):
     return Qos(*pols)
 
 
+def pad_to_4(data):
+    """``data`` zero-padded to a multiple of 4, the pad count in the encapsulation options.
+
+    See the module docstring: zeros, never Cyclone's uninitialised padding. XTypes 1.3,
+    7.6.3.1.2: the two low bits of the encapsulation options count the padding bytes at the end,
+    so a receiver can recover the exact length.
+    """
+    pad = -len(data) % 4
+    if not pad:
+        return data
+    b = bytearray(data)
+    b += _ZEROS[:pad]
+    if len(b) >= 4 and not b[3] & 3:
+        b[3] |= pad
+    return bytes(b)
+
+
 def _delete(entity):
     """Delete a cyclonedds entity now (the binding otherwise deletes on garbage collection)."""
     if entity is not None:
@@ -195,6 +212,77 @@ class _Sub:
         self.active = True
 
 
+class GraphAnnouncer:
+    """Names this participant's endpoints in the ROS graph, as every rmw does.
+
+    rmw implementations publish ``rmw_dds_common/msg/ParticipantEntitiesInfo`` on the DDS topic
+    ``ros_discovery_info`` (no ``rt`` prefix; reliable, transient_local, keep_last 1): the
+    participant's gid, and per node its name, namespace and the gids of its readers and writers.
+    A gid is the 16-byte DDS GUID (prefix + entity id) zero-filled to ``Gid.data``'s length (16
+    from Iron on, 24 before). Without it, ``get_publishers_info_by_topic`` and ``ros2 node list``
+    show our endpoints as node ``_CREATED_BY_BARE_DDS_APP_``. The sample is written again after
+    every change (transient_local: late joiners get the last one).
+    """
+
+    TYPE = "rmw_dds_common/msg/ParticipantEntitiesInfo"
+    TOPIC = "ros_discovery_info"
+
+    def __init__(self, dp, types, node_name, node_namespace="/"):
+        self.types = types
+        self.node = (node_namespace, node_name)
+        self.gids = {"reader": [], "writer": []}
+        self.writer = None
+        S = types.store.types
+        if self.TYPE not in S:  # pragma: no cover - every rosbags ROS 2 store has it
+            log.warning("%s unknown to the %s typestore: not announcing node %s",
+                        self.TYPE, types.distro, node_name)
+            return
+        self._Gid = S["rmw_dds_common/msg/Gid"]
+        self._Node = S["rmw_dds_common/msg/NodeEntitiesInfo"]
+        self._Info = S[self.TYPE]
+        self._gid_len = self.types.store.fielddefs["rmw_dds_common/msg/Gid"][1][0][1][1][1]
+        self._pgid = self._gid(dp)
+        qos = make_qos({"reliability": "reliable", "durability": "transient_local", "depth": 1},
+                       True, types.type_hash(self.TYPE))
+        self.topic = Topic(dp, self.TOPIC, types.idl_type(self.TYPE))
+        self.writer = DataWriter(dp, self.topic, qos=qos)
+        self._write()
+
+    def _gid(self, entity):
+        import numpy as np
+        raw = entity.guid.bytes.ljust(self._gid_len, b"\0")
+        return self._Gid(data=np.frombuffer(raw, dtype=np.uint8))
+
+    def add(self, kind, entity):
+        if self.writer is not None:
+            self.gids[kind].append((entity, self._gid(entity)))
+            self._write()
+
+    def remove(self, kind, entity):
+        if self.writer is not None:
+            self.gids[kind] = [(e, g) for e, g in self.gids[kind] if e is not entity]
+            self._write()
+
+    def _write(self):
+        ns, name = self.node
+        node = self._Node(node_namespace=ns, node_name=name,
+                          reader_gid_seq=[g for _, g in self.gids["reader"]],
+                          writer_gid_seq=[g for _, g in self.gids["writer"]])
+        data = bytes(self.types.store.serialize_cdr(self._Info(gid=self._pgid,
+                                                               node_entities_info_seq=[node]),
+                                                    self.TYPE))
+        ret = ddspy_write(self.writer._ref, pad_to_4(data))
+        if ret < 0:  # pragma: no cover
+            log.warning("could not write %s: DDS error %d", self.TOPIC, ret)
+
+    def close(self):
+        if self.writer is not None:
+            self.gids = {"reader": [], "writer": []}
+            _delete(self.writer)
+            _delete(self.topic)
+            self.writer = None
+
+
 class DdsBackend:
     """Backend ``dds``. ``DdsBackend(domain=None, distro='humble', msg_paths=())``.
 
@@ -204,7 +292,8 @@ class DdsBackend:
 
     name = "dds"
 
-    def __init__(self, domain=None, distro="humble", msg_paths=(), types=None, config=None):
+    def __init__(self, domain=None, distro="humble", msg_paths=(), types=None, config=None,
+                 node_name="ros_side", node_namespace="/"):
         self.types = types if types is not None else TypeRegistry(distro, msg_paths)
         self.distro = self.types.distro
         for problem in self.types.problems:
@@ -223,6 +312,7 @@ class DdsBackend:
         self.callback_errors = 0
         self._thread = threading.Thread(target=self._run, name="ros_side-dds-waitset", daemon=True)
         self._thread.start()
+        self._graph = GraphAnnouncer(self.dp, self.types, node_name, node_namespace)
 
     def _make_domain(self, config):
         try:
@@ -282,6 +372,7 @@ class DdsBackend:
             except DDSException as e:
                 self._release_topic(topic)
                 raise RosError("qos_conflict", "%s: cannot create writer: %s" % (topic, e))
+            self._graph.add("writer", w)
             return _Pub(topic, ros_type, w)
 
     def destroy_publisher(self, handle):
@@ -289,6 +380,7 @@ class DdsBackend:
             if not handle.active:
                 return
             handle.active = False
+            self._graph.remove("writer", handle.writer)
             _delete(handle.writer)
             handle.writer = None
             self._release_topic(handle.topic)
@@ -297,15 +389,7 @@ class DdsBackend:
         w = handle.writer
         if w is None:
             return
-        pad = -len(data) % 4
-        if pad:  # see the module docstring: zeros, never Cyclone's uninitialised padding
-            b = bytearray(data)
-            b += _ZEROS[:pad]
-            if len(b) >= 4 and not b[3] & 3:
-                # XTypes 1.3, 7.6.3.1.2: the two low bits of the encapsulation options count
-                # the padding bytes at the end, so a receiver can recover the exact length.
-                b[3] |= pad
-            data = bytes(b)
+        data = pad_to_4(data)
         ret = ddspy_write(w._ref, data)
         if ret < 0:
             raise DDSException(ret, "ddspy_write on %s" % handle.topic)
@@ -340,6 +424,7 @@ class DdsBackend:
             self._subs = self._subs + [sub]
             self._ws.attach(cond)
             self._wake.set(True)
+            self._graph.add("reader", r)
             return sub
 
     def destroy_subscription(self, handle):
@@ -357,6 +442,7 @@ class DdsBackend:
                 self._ws.detach(handle.cond)
             except Exception:  # pragma: no cover
                 pass
+            self._graph.remove("reader", handle.reader)
             _delete(handle.cond)
             _delete(handle.reader)
             handle.cond = handle.reader = None
@@ -372,6 +458,7 @@ class DdsBackend:
         with self._lock:
             for s in list(self._subs):
                 self.destroy_subscription(s)
+            self._graph.close()
             _delete(self._wake)
             _delete(self._ws)
             _delete(self.dp)

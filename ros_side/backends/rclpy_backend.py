@@ -1,10 +1,12 @@
 """Backend ``rclpy``: a thin layer over a ROS 2 installation's rclpy (Foxy and later).
 
-Only documented rclpy API is used (see shared/design/ROS-NOTES.md):
+Needs nothing beyond a minimal ROS 2 runtime (rclpy and the message packages; not
+rosidl_runtime_py, which e.g. the PyPI Kilted wheels do not ship). Only documented rclpy API is
+used (see shared/design/ROS-NOTES.md):
 
-* message classes: ``rosidl_runtime_py.utilities.get_message('pkg/msg/Type')``; exactly
-  ModuleNotFoundError / AttributeError / ValueError mean "no such type" (as in ros2cli) ->
-  ``unknown_type``;
+* message classes: ``importlib.import_module('pkg.msg')`` and the attribute ``Type``, as
+  rosidl_runtime_py's ``get_message`` does; no such module or attribute, or an attribute that is
+  not a generated message class (no ``__import_type_support__``), -> ``unknown_type``;
 * topic names: ``rclpy.validate_full_topic_name.validate_full_topic_name`` (raises
   ``InvalidTopicNameException``) -> ``invalid_topic``; the companion uses it instead of its own
   check through ``check_topic``;
@@ -20,6 +22,7 @@ Only documented rclpy API is used (see shared/design/ROS-NOTES.md):
   publisher).
 """
 
+import importlib
 import os
 import queue
 import threading
@@ -28,6 +31,26 @@ from ..errors import RosError
 from ..qos import normalize_qos
 
 _TIMEOUT = 10.0
+
+
+def load_message_class(ros_type):
+    """The generated Python class of ``pkg/msg/Type`` (already normalised by the companion), with
+    its type support loaded; RosError('unknown_type') when this installation has no such
+    message."""
+    pkg, _, name = ros_type.split("/")
+    try:
+        module = importlib.import_module(pkg + ".msg")
+    except ImportError as e:
+        raise RosError("unknown_type", "%s: no message package %r here (%s)" % (ros_type, pkg, e))
+    cls = getattr(module, name, None)
+    load = getattr(cls, "__import_type_support__", None)
+    if cls is None or not callable(load):
+        raise RosError("unknown_type", "%s: package %r has no message %r" % (ros_type, pkg, name))
+    try:
+        load()
+    except Exception as e:  # its C type support does not load: unusable here
+        raise RosError("unknown_type", "%s: cannot load its type support: %s" % (ros_type, e))
+    return cls
 
 
 class _Pub:
@@ -55,7 +78,6 @@ class RclpyBackend:
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-        from rosidl_runtime_py.utilities import get_message  # type: ignore[import-not-found,unused-ignore]
         from rclpy.validate_full_topic_name import validate_full_topic_name
         from rclpy.exceptions import InvalidTopicNameException
 
@@ -64,7 +86,6 @@ class RclpyBackend:
         self._Reliability = ReliabilityPolicy
         self._Durability = DurabilityPolicy
         self._History = HistoryPolicy
-        self._get_message = get_message
         self._validate = validate_full_topic_name
         self._InvalidTopic = InvalidTopicNameException
         self.distro = os.environ.get("ROS_DISTRO", "unknown")
@@ -139,10 +160,7 @@ class RclpyBackend:
     def _msg_class(self, ros_type):
         cls = self._classes.get(ros_type)
         if cls is None:
-            try:
-                cls = self._get_message(ros_type)
-            except (ModuleNotFoundError, AttributeError, ValueError) as e:
-                raise RosError("unknown_type", "%s: %s" % (ros_type, e))
+            cls = load_message_class(ros_type)
             self._classes[ros_type] = cls
         return cls
 
