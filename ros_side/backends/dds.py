@@ -79,9 +79,15 @@ LOOPBACK_XML = (
 # cyclonedds 11.0.1 rejects for every type with a sequence or an array ("ddsi_xt_type_init_impl
 # with invalid type object"); such endpoints then never match. ROS 2 matches by topic and type
 # name only, so Cyclone is told to ignore the type information of eProsima's vendor id (1.15).
+# Ghost subscriptions: when Cyclone deletes a reader or writer it announces that with a
+# dispose/unregister of the endpoint's discovery (SEDP) instance, and by default without a key
+# hash (PID_KEY_HASH): the key is only in the payload. Fast DDS looks up the endpoint to remove
+# by the key hash alone, so it ignored the removal and kept counting the deleted reader as
+# matched until our whole participant's lease expired. GenerateKeyhash puts the key hash in.
 FASTDDS_COMPAT_XML = (
     '<CycloneDDS><Domain><Compatibility><IgnoreTypeInformation>1.15</IgnoreTypeInformation>'
-    '</Compatibility></Domain></CycloneDDS>'
+    '</Compatibility><Internal><GenerateKeyhash>true</GenerateKeyhash></Internal>'
+    '</Domain></CycloneDDS>'
 )
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
@@ -300,7 +306,9 @@ class DdsBackend:
             log.warning("--msg-path: %s", problem)
         self.domain_id = default_domain() if domain is None else int(domain)
         self._domain = self._make_domain(build_config() if config is None else config)
-        self.dp = DomainParticipant(self.domain_id)
+        # rmw sets "enclave=<name>;" in the participant's USER_DATA; rmw_fastrtps only adds a
+        # participant with it to its graph (custom_participant_info.hpp, on_participant_discovery)
+        self.dp = DomainParticipant(self.domain_id, qos=Qos(Policy.Userdata(data=b"enclave=/;")))
         self._lock = threading.RLock()
         self._topics = {}       # ros topic -> [Topic, ros_type, users]
         self._subs = []         # live _Sub objects (the WaitSet thread iterates a snapshot)

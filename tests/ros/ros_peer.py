@@ -103,6 +103,7 @@ class RclpyPeer:
     def graph(self, topic):
         def info(i):
             return {"node": i.node_name, "ns": i.node_namespace, "type": i.topic_type,
+                    "gid": bytes(i.endpoint_gid).hex(),
                     "hash": str(i.topic_type_hash), "reliability": i.qos_profile.reliability.name,
                     "durability": i.qos_profile.durability.name}
         return {"pubs": [info(i) for i in self.node.get_publishers_info_by_topic(topic)],
