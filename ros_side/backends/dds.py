@@ -169,6 +169,16 @@ def make_qos(qos, writer, type_hash=None):
     return Qos(*pols)
 
 
+# DDS 1.4 QoS policy ids (what Cyclone's incompatible-QoS statuses report)
+_POLICIES = {1: "USER_DATA", 2: "DURABILITY", 3: "PRESENTATION", 4: "DEADLINE",
+             5: "LATENCY_BUDGET", 6: "OWNERSHIP", 8: "LIVELINESS", 11: "RELIABILITY",
+             12: "DESTINATION_ORDER", 13: "HISTORY", 23: "DATA_REPRESENTATION"}
+
+
+def policy_name(policy_id):
+    return _POLICIES.get(policy_id, "policy %d" % policy_id)
+
+
 def pad_to_4(data):
     """``data`` zero-padded to a multiple of 4, the pad count in the encapsulation options.
 
@@ -412,6 +422,17 @@ class DdsBackend:
         if not own:
             return len(matched)
         return sum(1 for h in matched if h not in own)
+
+    def incompatible_qos(self, handle):
+        """(total count, policy name) of DDS offered/requested-incompatible-QoS on this entity."""
+        ent = handle.writer if isinstance(handle, _Pub) else handle.reader
+        if ent is None:
+            return 0, ""
+        if isinstance(handle, _Pub):
+            st = ent.get_offered_incompatible_qos_status()
+        else:
+            st = ent.get_requested_incompatible_qos_status()
+        return st.total_count, policy_name(st.last_policy_id)
 
     def create_subscription(self, topic, type_string, qos, callback):
         ros_type = normalize_type(type_string)

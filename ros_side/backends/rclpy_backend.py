@@ -54,21 +54,41 @@ def load_message_class(ros_type):
 
 
 class _Pub:
-    __slots__ = ("topic", "type", "pub")
+    __slots__ = ("topic", "type", "pub", "incompatible")
 
-    def __init__(self, topic, ros_type, pub):
+    def __init__(self, topic, ros_type, pub=None):
         self.topic = topic
         self.type = ros_type
         self.pub = pub
+        self.incompatible = (0, "")   # (total count, policy) from rclpy's incompatible-QoS event
 
 
 class _Sub:
-    __slots__ = ("topic", "type", "sub")
+    __slots__ = ("topic", "type", "sub", "incompatible")
 
-    def __init__(self, topic, ros_type, sub):
+    def __init__(self, topic, ros_type, sub=None):
         self.topic = topic
         self.type = ros_type
         self.sub = sub
+        self.incompatible = (0, "")
+
+
+def _event_callbacks():
+    """rclpy's (PublisherEventCallbacks, SubscriptionEventCallbacks): Iron+ ``event_handler``,
+    Humble ``qos_event``."""
+    try:
+        from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
+    except ImportError:  # Humble
+        from rclpy.qos_event import (PublisherEventCallbacks,  # type: ignore[no-redef]
+                                     SubscriptionEventCallbacks)
+    return PublisherEventCallbacks, SubscriptionEventCallbacks
+
+
+def _on_incompatible(handle):
+    def record(status):
+        policy = getattr(status.last_policy_kind, "name", str(status.last_policy_kind))
+        handle.incompatible = (status.total_count, policy)
+    return record
 
 
 class RclpyBackend:
@@ -88,6 +108,7 @@ class RclpyBackend:
         self._History = HistoryPolicy
         self._validate = validate_full_topic_name
         self._InvalidTopic = InvalidTopicNameException
+        self._PubEvents, self._SubEvents = _event_callbacks()
         self.distro = os.environ.get("ROS_DISTRO", "unknown")
         self._owns_init = False
         if context is None and not rclpy.ok():
@@ -179,8 +200,11 @@ class RclpyBackend:
     def create_publisher(self, topic, ros_type, qos):
         cls = self._msg_class(ros_type)
         profile = self._profile(qos)
-        pub = self._call(lambda: self.node.create_publisher(cls, topic, profile))
-        return _Pub(topic, ros_type, pub)
+        handle = _Pub(topic, ros_type)
+        events = self._PubEvents(incompatible_qos=_on_incompatible(handle))
+        handle.pub = self._call(lambda: self.node.create_publisher(cls, topic, profile,
+                                                                   event_callbacks=events))
+        return handle
 
     def destroy_publisher(self, handle):
         pub, handle.pub = handle.pub, None
@@ -207,11 +231,17 @@ class RclpyBackend:
         def on_msg(data, *info):  # Humble passes one argument; Iron+ may add message info
             callback(data)
 
-        sub = self._call(lambda: self.node.create_subscription(cls, topic, on_msg, profile,
-                                                               raw=True))
+        handle = _Sub(topic, ros_type)
+        events = self._SubEvents(incompatible_qos=_on_incompatible(handle))
+        handle.sub = self._call(lambda: self.node.create_subscription(
+            cls, topic, on_msg, profile, raw=True, event_callbacks=events))
         with self._lock:
             self._own_subs[topic] = self._own_subs.get(topic, 0) + 1
-        return _Sub(topic, ros_type, sub)
+        return handle
+
+    def incompatible_qos(self, handle):
+        """(total count, policy name) from rclpy's incompatible-QoS event of this entity."""
+        return handle.incompatible
 
     def destroy_subscription(self, handle):
         sub, handle.sub = handle.sub, None

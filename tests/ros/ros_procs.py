@@ -8,10 +8,12 @@ Without it the real-ROS tests fail (in CI: ``make test`` builds it) unless UBRB_
 to skip them, for a quick local run.
 
 Loopback only: every process gets ``ros_env()``: Fast DDS with the profile in
-``fastdds_loopback.xml`` (builtin transports off, one UDPv4 transport whitelisted to 127.0.0.1)
-plus ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``; Cyclone with the loopback CYCLONEDDS_URI of
-``ros_helpers``. ``udp_sockets(pid)`` lists the UDP sockets a process has bound (from /proc), so
-a test can check that none is bound beyond 127.0.0.1.
+``fastdds_loopback.xml`` (builtin transports off, one UDPv4 transport whitelisted to 127.0.0.1);
+Cyclone with the loopback CYCLONEDDS_URI of ``ros_helpers``. ``ROS_AUTOMATIC_DISCOVERY_RANGE`` is
+left unset on purpose: with ``LOCALHOST`` on top of that profile, rmw_fastrtps (Kilted) opens two
+more UDP sockets, one on 0.0.0.0 and one on the default interface's address (measured with
+``udp_sockets``); with the profile alone every socket is on 127.0.0.1. ``udp_sockets(pid)`` lists
+the UDP sockets a process has bound (from /proc), so a test can check that.
 """
 
 import json
@@ -46,12 +48,12 @@ def ros_env(domain=TEST_DOMAIN, **extra):
     env = dict(os.environ)
     env.update({
         "ROS_DOMAIN_ID": str(domain),
-        "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
         "FASTDDS_DEFAULT_PROFILES_FILE": FASTDDS_XML,
         "CYCLONEDDS_URI": LOOPBACK_XML,
         "PYTHONUNBUFFERED": "1",
     })
     env.pop("ROS_LOCALHOST_ONLY", None)
+    env.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
     env.pop("RMW_IMPLEMENTATION", None)
     env.update(extra)
     return env
