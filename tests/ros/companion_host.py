@@ -12,6 +12,7 @@ The loop polls the companion every 10 ms and whenever its wake pipe is readable.
 """
 
 import json
+import logging
 import os
 import select
 import sys
@@ -54,6 +55,8 @@ def now_ms():
 
 
 def main():
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
     backend = make_backend(sys.argv[1], distro=os.environ.get("ROS_DISTRO") or None)
     comp = Companion(backend, JsonSink(), max_message=8 * 1024 * 1024, diagnostics_period_ms=0)
     comp.start()

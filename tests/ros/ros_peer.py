@@ -119,18 +119,26 @@ class RclpyPeer:
 
 
 class CyclonePeer:
-    """Raw readers and writers on one cyclonedds participant, with the QoS rmw_cyclonedds uses."""
+    """Raw readers and writers on one cyclonedds participant, with the QoS rmw_cyclonedds uses.
+
+    Its Cyclone configuration is CYCLONEDDS_URI plus the two settings any Cyclone node needs to
+    interoperate with Fast DDS (``ros_side.backends.dds.build_config``; without them types with
+    sequences or arrays do not match Fast DDS endpoints, and Fast DDS keeps counting deleted
+    readers until the participant's lease ends): what a user's rmw_cyclonedds node would need too.
+    """
 
     def __init__(self):
         sys.path.insert(0, ROOT)
-        from cyclonedds.domain import DomainParticipant
+        from cyclonedds.domain import Domain, DomainParticipant
 
-        from ros_side.backends.dds import make_qos
+        from ros_side.backends.dds import build_config, make_qos
         from ros_side.dds_types import TypeRegistry
 
         self.types = TypeRegistry("kilted")
         self.make_qos = make_qos
-        self.dp = DomainParticipant(int(os.environ["ROS_DOMAIN_ID"]))
+        domain = int(os.environ["ROS_DOMAIN_ID"])
+        self.domain = Domain(domain, build_config())
+        self.dp = DomainParticipant(domain)
         self.ents = {}
 
     def create(self, kind, k, topic, ros_type, qos):
