@@ -7,7 +7,9 @@ JSON lines on stdin (the tests' ``Host`` class). Runs under any Python that can 
 
 Requests (answered by ``{"re": seq}``): ``advertise``/``subscribe`` {slot, topic, type, qos},
 ``unadvertise``/``unsubscribe`` {slot}, ``publish`` {slot, data: HEX, reliable}, ``quit``.
-Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
+``matched`` {slot} -> {"count": N}: publishers the subscription of that slot has matched (test
+probe: DDS discovery is not symmetric in time, so a test that publishes once waits until both
+ends have matched). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
 The loop polls the companion every 10 ms and whenever its wake pipe is readable.
 """
 
@@ -50,6 +52,13 @@ class JsonSink:
         out({"ev": "count", "slot": slot, "count": count})
 
 
+def matched(comp, slot):
+    handle = comp._sub_slots[slot].handle
+    if hasattr(handle, "reader"):                       # dds backend
+        return handle.reader.get_subscription_matched_status().current_count
+    return handle.sub.get_publisher_count()             # rclpy backend (Jazzy and later)
+
+
 def now_ms():
     return int(time.monotonic() * 1000)
 
@@ -81,6 +90,9 @@ def main():
                         getattr(comp, op)(req["slot"], req["topic"], req["type"], req["qos"])
                     elif op in ("unadvertise", "unsubscribe"):
                         getattr(comp, op)(req["slot"])
+                    elif op == "matched":
+                        out({"re": req["seq"], "count": matched(comp, req["slot"])})
+                        continue
                     elif op == "publish":
                         data = bytes.fromhex(req["data"])
                         comp.publish(req["slot"], data, 0, len(data), req.get("reliable", True))

