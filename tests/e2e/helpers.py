@@ -89,9 +89,10 @@ def child_env() -> Dict[str, str]:
 class Proc:
     """A subprocess whose output (stdout + stderr) is collected line by line in the background."""
 
-    def __init__(self, argv: List[str]) -> None:
+    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None) -> None:
         self.argv = argv
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env or child_env(),
+                                     stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      bufsize=1)
         self.lines: List[str] = []
@@ -154,8 +155,9 @@ class Proc:
         return self.proc.returncode
 
 
-def companion_argv(link: str, *extra: str) -> List[str]:
-    return [sys.executable, "-m", "ros_side", "--backend", "dds", "--domain", str(E2E_DOMAIN),
+def companion_argv(link: str, *extra: str, python: str = sys.executable,
+                   backend: str = "dds") -> List[str]:
+    return [python, "-m", "ros_side", "--backend", backend, "--domain", str(E2E_DOMAIN),
             "--link", link, "--baud", str(SERIAL_BAUD), *extra]
 
 
@@ -248,9 +250,13 @@ class LinkBridge(Bridge):
     """Gateway (in-process thread, real sockets) == UDP or serial link == companion (process)."""
 
     def __init__(self, mode: str, profile: Optional[Dict[str, int]] = None,
-                 companion_args: tuple = ()) -> None:
+                 companion_args: tuple = (), companion_python: str = sys.executable,
+                 backend: str = "dds", companion_env: Optional[Dict[str, str]] = None) -> None:
         self.mode = mode
         self.companion_args = companion_args
+        self.companion_python = companion_python
+        self.backend = backend
+        self.companion_env = companion_env
         self.relay: Optional[PtyRelay] = None
         self.comp: Optional[Proc] = None
         self.server: Optional[GatewayServer] = None
@@ -308,7 +314,9 @@ class LinkBridge(Bridge):
         return False
 
     def start_companion(self) -> None:
-        self.comp = Proc(companion_argv(self.comp_url, *self.companion_args))
+        self.comp = Proc(companion_argv(self.comp_url, *self.companion_args,
+                                        python=self.companion_python, backend=self.backend),
+                         self.companion_env)
         self.comp.wait_line(r"companion on link")
 
     def kill_companion(self) -> None:
