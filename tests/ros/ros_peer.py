@@ -106,9 +106,17 @@ class RclpyPeer:
                     "gid": bytes(i.endpoint_gid).hex(),
                     "hash": str(i.topic_type_hash), "reliability": i.qos_profile.reliability.name,
                     "durability": i.qos_profile.durability.name}
+        by_node = {}
+        for name, ns in self.node.get_node_names_and_namespaces():
+            try:
+                pubs = self.node.get_publisher_names_and_types_by_node(name, ns)
+                subs = self.node.get_subscriber_names_and_types_by_node(name, ns)
+            except Exception:  # the node left meanwhile
+                continue
+            by_node[name] = {"pubs": sorted(t for t, _ in pubs), "subs": sorted(t for t, _ in subs)}
         return {"pubs": [info(i) for i in self.node.get_publishers_info_by_topic(topic)],
                 "subs": [info(i) for i in self.node.get_subscriptions_info_by_topic(topic)],
-                "nodes": sorted(self.node.get_node_names())}
+                "nodes": sorted(self.node.get_node_names()), "by_node": by_node}
 
     def spin(self):
         self.ex.spin_once(timeout_sec=0.005)
