@@ -205,9 +205,17 @@ def test_every_type_ros_to_client(pair, rel):
 
 
 def test_one_mib_image_both_ways(pair):
+    """A 1 MiB image (fragmented; length not a multiple of 4) each way.
+
+    Fast DDS writer -> Cyclone reader (the dds backend, or a cyclonedds node): a new volatile
+    Cyclone reader syncs to a writer at its first HEARTBEAT (starting at the heartbeat's last
+    sequence number + 1). Fast DDS sends that heartbeat between the fragments of a large sample,
+    so the sample being assembled is dropped (traced in Cyclone's log; see docs/COMPANION.md);
+    after that first heartbeat every sample arrives. A camera stream loses its first frame(s)
+    until then: that direction may resend (counted, printed), every other must not."""
     host, peer = pair
     t, q = "sensor_msgs/msg/Image", qos(depth=2)
-    big = ser(image(1024 * 1024 + 1), t)              # fragmented; length not a multiple of 4
+    big = ser(image(1024 * 1024 + 1), t)
     assert len(big) > 1024 * 1024 and len(big) % 4
     out_topic, in_topic, s_out, s_in = fresh("big_out"), fresh("big_in"), slot(), slot()
     k_in = peer.endpoint("sub", out_topic, t, q)
@@ -215,23 +223,30 @@ def test_one_mib_image_both_ways(pair):
     assert host.advertise(s_out, out_topic, t, q)["code"] is None
     assert host.subscribe(s_in, in_topic, t, q)["code"] is None
     both_matched(host, peer, [s_out], [k_in], [s_in], [k_out])
-    t0 = time.monotonic()
-    host.publish(s_out, big)
-    peer.call("write", id=k_out, data=big.hex())
-    assert wait_for(lambda: host.messages(s_in), timeout=20), "ROS -> client: nothing"
-    from_ros = host.messages(s_in)[0]
-    assert canonical(from_ros, t) == canonical(big, t)
-    if (host.backend, peer.kind) == ("rclpy", "cyclone") and not wait_for(
-            lambda: peer.received(k_in), timeout=10):
-        pytest.xfail("Fast DDS writer -> plain cyclonedds 11.0.1 reader in another process: a "
-                     "1 MiB sample never arrives (100 kB ones do; the dds backend's reader gets "
-                     "it from the same kind of writer, see dds-vs-rclpy). Open: docs/COMPANION.md")
-    assert wait_for(lambda: peer.received(k_in), timeout=20), "client -> ROS: nothing"
-    took = time.monotonic() - t0
-    to_ros = peer.received(k_in)[0]
-    assert peer.of("msg", id=k_in)[0]["decoded"]
-    assert to_ros[4:len(big)] == big[4:] and canonical(to_ros, t) == canonical(big, t)
-    print("1 MiB image both ways (%s vs %s): %.2f s" % (host.backend, peer.kind, took))
+    # which direction is Fast DDS -> Cyclone (may need a resend), if any
+    c2r_fast_to_cyclone = (host.backend, peer.kind) == ("rclpy", "cyclone")
+    r2c_fast_to_cyclone = (host.backend, peer.kind) == ("dds", "rclpy")
+
+    def deliver(send, received, may_resend, what):
+        """Send once; resend (at most 5 in all) only where allowed. -> number of sends."""
+        t0 = time.monotonic()
+        send()
+        sent = 1
+        while not wait_for(received, timeout=2 if may_resend else 10):
+            assert may_resend and sent < 5, "%s: %d sent, none arrived" % (what, sent)
+            send()
+            sent += 1
+        return sent, time.monotonic() - t0
+    c2r = deliver(lambda: host.publish(s_out, big), lambda: peer.received(k_in),
+                  c2r_fast_to_cyclone, "client -> ROS")
+    r2c = deliver(lambda: peer.call("write", id=k_out, data=big.hex()),
+                  lambda: host.messages(s_in), r2c_fast_to_cyclone, "ROS -> client")
+    to_ros, from_ros = peer.received(k_in), host.messages(s_in)
+    assert len(to_ros) == 1 and peer.of("msg", id=k_in)[0]["decoded"]
+    assert to_ros[0][4:len(big)] == big[4:] and canonical(to_ros[0], t) == canonical(big, t)
+    assert len(from_ros) == 1 and canonical(from_ros[0], t) == canonical(big, t)
+    print("1 MiB image (%s vs %s): client -> ROS %d send(s) %.2f s; ROS -> client %d send(s) "
+          "%.2f s" % (host.backend, peer.kind, c2r[0], c2r[1], r2c[0], r2c[1]))
 
 
 def test_odd_cdr_lengths_both_ways(pair):
