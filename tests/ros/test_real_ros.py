@@ -207,12 +207,11 @@ def test_every_type_ros_to_client(pair, rel):
 def test_one_mib_image_both_ways(pair):
     """A 1 MiB image (fragmented; length not a multiple of 4) each way.
 
-    Fast DDS writer -> Cyclone reader (the dds backend, or a cyclonedds node): a new volatile
-    Cyclone reader syncs to a writer at its first HEARTBEAT (starting at the heartbeat's last
-    sequence number + 1). Fast DDS sends that heartbeat between the fragments of a large sample,
-    so the sample being assembled is dropped (traced in Cyclone's log; see docs/COMPANION.md);
-    after that first heartbeat every sample arrives. A camera stream loses its first frame(s)
-    until then: that direction may resend (counted, printed), every other must not."""
+    Fast DDS writer -> Cyclone reader (the dds backend, or a cyclonedds node): the first sample
+    larger than one datagram that a Fast DDS writer sends to a Cyclone reader is lost (Cyclone
+    acknowledges it mid-assembly and never delivers it; see docs/COMPANION.md and
+    bench/fastdds_interop.py); every later one arrives. That direction may resend (counted,
+    printed); every other must arrive on the first send."""
     host, peer = pair
     t, q = "sensor_msgs/msg/Image", qos(depth=2)
     big = ser(image(1024 * 1024 + 1), t)
