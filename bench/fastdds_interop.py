@@ -28,8 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "ros"))
 
-import ros_helpers  # noqa: E402,F401  (loopback CYCLONEDDS_URI, a domain id of this run)
-from ros_procs import Peer, ros_env  # noqa: E402
+import ros_helpers  # type: ignore[import-not-found]  # noqa: E402,F401  (loopback, own domain id)
+from ros_procs import Peer, ros_env  # type: ignore[import-not-found]  # noqa: E402
 
 from ros_side.backends.dds import FASTDDS_COMPAT_XML, LOOPBACK_XML, DdsBackend  # noqa: E402
 
