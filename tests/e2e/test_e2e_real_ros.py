@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.helpers import (E2E_DOMAIN, QOS_R, Client, LinkBridge, ser, string_msg, twist,
+from tests.e2e.helpers import (E2E_DOMAIN, QOS_BE, QOS_R, Client, LinkBridge, ser, string_msg, twist,
                                wait_for)
 
 from ros_procs import ROS_PYTHON, Peer, require_ros, ros_env  # type: ignore[import-not-found]
@@ -56,6 +56,12 @@ def test_client_to_real_ros_node_and_back(backend: str) -> None:
         assert wait_for(lambda: peer.received(k_diag), 5)
         assert peer.of("msg", id=k_diag)[0]["decoded"]
         assert client.error_codes() == []
+        # a QoS mismatch with the node reaches the client as ERROR qos_incompatible (its own id)
+        peer.endpoint("sub", "/e2e_strict", "std_msgs/msg/String", QOS_R)
+        client.advertise(3, "/e2e_strict", "std_msgs/msg/String", QOS_BE)
+        assert client.wait(lambda: ("qos_incompatible", 3) in client.error_codes(), 5), \
+            client.errors
+        assert "RELIABILITY" in [e for e in client.errors if e["id"] == 3][0]["message"]
     finally:
         if client is not None:
             client.close()
