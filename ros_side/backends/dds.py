@@ -84,11 +84,20 @@ LOOPBACK_XML = (
 # hash (PID_KEY_HASH): the key is only in the payload. Fast DDS looks up the endpoint to remove
 # by the key hash alone, so it ignored the removal and kept counting the deleted reader as
 # matched until our whole participant's lease expired. GenerateKeyhash puts the key hash in.
-FASTDDS_COMPAT_XML = (
-    '<CycloneDDS><Domain><Compatibility><IgnoreTypeInformation>1.15</IgnoreTypeInformation>'
-    '</Compatibility><Internal><GenerateKeyhash>true</GenerateKeyhash></Internal>'
-    '</Domain></CycloneDDS>'
-)
+_COMPAT_PARTS = {
+    "IgnoreTypeInformation":
+        "<Compatibility><IgnoreTypeInformation>1.15</IgnoreTypeInformation></Compatibility>",
+    "GenerateKeyhash": "<Internal><GenerateKeyhash>true</GenerateKeyhash></Internal>",
+}
+
+
+def compat_xml(skip=()):
+    """The Fast DDS settings as one Cyclone configuration, leaving out the elements in ``skip``."""
+    parts = "".join(x for name, x in _COMPAT_PARTS.items() if name not in skip)
+    return "<CycloneDDS><Domain>%s</Domain></CycloneDDS>" % parts if parts else ""
+
+
+FASTDDS_COMPAT_XML = compat_xml()
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
@@ -127,15 +136,15 @@ def build_config(env=None):
 
     Base: the user's ``CYCLONEDDS_URI`` if set, else ``LOOPBACK_XML`` when ``localhost_only(env)``,
     else Cyclone's defaults. ``FASTDDS_COMPAT_XML`` is appended (Cyclone merges a comma-separated
-    list of configurations in order) unless the user's configuration already says how to treat
-    type information: then theirs is kept as it is.
+    list of configurations in order), less any of its two elements the user's configuration
+    already sets: the user's own value is kept.
     """
     env = os.environ if env is None else env
     user = env.get("CYCLONEDDS_URI", "").strip()
     if user:
-        if "IgnoreTypeInformation" in _config_text(user):
-            return user
-        return user + "," + FASTDDS_COMPAT_XML
+        text = _config_text(user)
+        extra = compat_xml(skip=[name for name in _COMPAT_PARTS if name in text])
+        return user + "," + extra if extra else user
     if localhost_only(env):
         return LOOPBACK_XML + "," + FASTDDS_COMPAT_XML
     return FASTDDS_COMPAT_XML

@@ -140,11 +140,15 @@ def test_dds_config_follows_the_ros_conventions_and_always_speaks_fast_dds(tmp_p
     user = "file://%s" % (tmp_path / "x.xml")
     (tmp_path / "x.xml").write_text("<CycloneDDS/>")
     assert build_config({"ROS_LOCALHOST_ONLY": "1", "CYCLONEDDS_URI": user}) == user + compat
-    # ... unless it already says how to treat type information (inline or in its file)
+    # ... less what it already sets itself (inline or in its file): the user's value is kept
     (tmp_path / "y.xml").write_text("<Compatibility><IgnoreTypeInformation>1.16"
                                     "</IgnoreTypeInformation></Compatibility>")
     own = "file://%s" % (tmp_path / "y.xml")
-    assert build_config({"CYCLONEDDS_URI": own}) == own
+    merged = build_config({"CYCLONEDDS_URI": own})
+    assert merged.startswith(own + ",") and "IgnoreTypeInformation" not in merged[len(own):]
+    assert "GenerateKeyhash>true<" in merged
+    both = "<X><IgnoreTypeInformation/><GenerateKeyhash>false</GenerateKeyhash></X>"
+    assert build_config({"CYCLONEDDS_URI": both}) == both
     assert "IgnoreTypeInformation>1.15<" in FASTDDS_COMPAT_XML
     assert "GenerateKeyhash>true<" in FASTDDS_COMPAT_XML
     assert default_domain({}) == 0 and default_domain({"ROS_DOMAIN_ID": "17"}) == 17
