@@ -12,6 +12,7 @@ built from the Kilted definitions (rosbags) with every field set, sequences of o
 compared after decoding (Fast DDS pads samples to a multiple of 4, see ROS-NOTES.md).
 """
 
+import subprocess
 import sys
 import time
 
@@ -20,7 +21,7 @@ import pytest
 from rosbags.interfaces import Nodetype
 from rosbags.typesys import Stores, get_typestore
 
-from ros_helpers import wait_for
+from ros_helpers import TEST_DOMAIN, wait_for
 from ros_procs import ROS_PYTHON, Host, Peer, require_ros, ros_env, udp_sockets
 
 STORE = get_typestore(Stores.ROS2_KILTED)
@@ -438,3 +439,48 @@ def test_backend_auto_picks_rclpy_where_it_runs_else_dds_saying_why():
         without.close()
     why = [line for line in without.stderr if "backend auto: dds" in line]
     assert len(why) == 1 and "rclpy not usable" in why[0] and "No module named" in why[0]
+
+
+# -- the rclpy backend's own wiring, on the real rclpy --------------------------------------------
+RCLPY_WIRING = r"""
+import argparse, sys, threading
+sys.path.insert(0, sys.argv[1])
+from ros_side.__main__ import declare_parameters
+from ros_side.backends import make_backend
+from ros_side.companion import Companion
+
+backend = make_backend("rclpy", domain=int(sys.argv[2]))
+seen = []
+node = backend.node
+for name in ("create_publisher", "create_subscription", "destroy_publisher",
+             "destroy_subscription", "declare_parameter"):
+    def spy(*a, _f=getattr(node, name), _n=name, **kw):
+        seen.append((_n, threading.current_thread() is backend._thread))
+        return _f(*a, **kw)
+    setattr(node, name, spy)
+comp = Companion(backend, None, 1024, diagnostics_period_ms=0)
+args = argparse.Namespace(link="udp://0.0.0.0:8269", baud=921600, listen=None,
+                          no_diagnostics=False, msg_path=[])
+declare_parameters(comp, args)
+params = {n: node.get_parameter(n).value for n in ("link", "baud", "no_diagnostics")}
+q = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+comp.advertise(1, "/w", "std_msgs/msg/String", q)
+comp.subscribe(1, "/w2", "geometry_msgs/msg/Twist", q)
+comp.reset()
+print(params == {"link": "udp://0.0.0.0:8269", "baud": 921600, "no_diagnostics": False},
+      sorted({n for n, _ in seen}), all(on_executor for _, on_executor in seen))
+comp.close()
+"""
+
+
+def test_rclpy_backend_flags_become_parameters_and_entities_live_on_the_executor():
+    """`ros2 param get /ros_side link` shows the flags in effect; every entity is created and
+    destroyed on the executor thread (rclpy races otherwise), on the real rclpy."""
+    require_ros()
+    from ros_helpers import ROOT
+    r = subprocess.run([ROS_PYTHON, "-c", RCLPY_WIRING, ROOT, str(TEST_DOMAIN)], env=ros_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == (
+        "True ['create_publisher', 'create_subscription', 'declare_parameter', "
+        "'destroy_publisher', 'destroy_subscription'] True"), r.stdout + r.stderr
