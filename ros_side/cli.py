@@ -5,8 +5,6 @@ builds the backend and the Companion from them. ``strip_ros_args(argv)`` removes
 ``--ros-args ... [--]`` section that ``ros2 run``/``ros2 launch`` append.
 """
 
-import os
-
 from .backends import make_backend
 from .companion import Companion
 
@@ -17,7 +15,7 @@ def add_arguments(parser):
 
     g = parser.add_argument_group("ROS side")
     g.add_argument("--backend", choices=("auto", "rclpy", "dds"), default="auto",
-                   help="auto: rclpy if importable, else dds (default: auto)")
+                   help="auto: rclpy if it can run here, else dds (default: auto)")
     g.add_argument("--domain", type=domain_id, default=None, metavar="N",
                    help="DDS domain id 0-232 (default: ROS_DOMAIN_ID, else 0)")
     g.add_argument("--ros-distro", type=ros_distro, default=None, metavar="DISTRO",
@@ -94,8 +92,7 @@ def strip_ros_args(argv):
 
 
 def make_companion(args, sink=None, max_message=64 * 1024 * 1024, **kw):
-    distro = args.ros_distro or os.environ.get("ROS_DISTRO") or "humble"
-    backend = make_backend(args.backend, domain=args.domain, distro=distro,
+    backend = make_backend(args.backend, domain=args.domain, distro=args.ros_distro,
                            msg_paths=args.msg_path, node_name=args.node_name)
     if args.no_diagnostics:
         kw["diagnostics_period_ms"] = 0

@@ -28,6 +28,9 @@ Errors the companion decides (the gateway could not know them)
                        dict holds values ROS 2 does not have;
     ``message_too_large`` (via ``ros_error``) a subscribed message exceeds ``max_message``; the message
                        is dropped and the report is rate-limited to one per slot per second.
+    ``qos_incompatible`` (via ``ros_error``) the backend saw a ROS peer on the topic whose QoS
+                       cannot match (e.g. a reliable subscription vs a best_effort publisher);
+                       the message names the policy; at most once per slot per 5 s.
 
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
@@ -68,7 +71,7 @@ def _mib(n):
 class _Entity:
     __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
-                 "history_charge")
+                 "history_charge", "incompatible_seen", "incompatible_last")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -85,6 +88,8 @@ class _Entity:
         self.msgs = 0
         self.bytes = 0
         self.history_charge = 0     # bytes of --max-history-bytes this entity reserves
+        self.incompatible_seen = 0    # the backend's incompatible-QoS total already reported
+        self.incompatible_last = None  # now of the last qos_incompatible report
 
 
 class Companion:
@@ -93,7 +98,8 @@ class Companion:
     def __init__(self, backend, sink=None, max_message=64 * 1024 * 1024, *,
                  queue_limit=1024, queue_bytes=64 * 1024 * 1024,
                  sub_count_interval_ms=100, sub_count_grace_ms=200,
-                 too_large_interval_ms=1000, diagnostics_period_ms=1000,
+                 too_large_interval_ms=1000, incompatible_interval_ms=5000,
+                 diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
                  max_history_bytes=None):
         self.backend = backend
@@ -105,6 +111,7 @@ class Companion:
         self._count_interval = int(sub_count_interval_ms)
         self._count_grace = int(sub_count_grace_ms)
         self._too_large_interval = int(too_large_interval_ms)
+        self._incompatible_interval = int(incompatible_interval_ms)
         self._diag_period = diagnostics_period_ms
         self._diag_topic = diagnostics_topic
         self._hardware_id = hardware_id
@@ -437,7 +444,38 @@ class Companion:
                                     % (ent.topic, size, self._max_message, dropped))
         return True
 
+    def _poll_incompatible(self, now):
+        """``qos_incompatible`` (spec: ERROR codes) when the backend saw a peer on an entity's
+        topic whose QoS cannot match (DDS requested/offered incompatible QoS), naming the policy;
+        at most once per entity (hence per slot) per ``incompatible_interval_ms``."""
+        probe = getattr(self.backend, "incompatible_qos", None)
+        if probe is None:
+            return
+        for ent in list(self._pubs.values()) + list(self._subs.values()):
+            if ent.handle is None:
+                continue
+            try:
+                total, policy = probe(ent.handle)
+            except Exception:
+                continue
+            if total <= ent.incompatible_seen:
+                continue
+            last = ent.incompatible_last
+            if last is not None and now - last < self._incompatible_interval:
+                continue
+            ent.incompatible_seen = total
+            ent.incompatible_last = now
+            other = "subscription" if ent.kind == "pub" else "publisher"
+            msg = ("%s: a ROS %s with incompatible QoS (%s) does not match this %s (qos %s)"
+                   % (ent.topic, other, policy, "publisher" if ent.kind == "pub"
+                      else "subscription", qos_dict(ent.qos)))
+            for slot in tuple(ent.slots):
+                self.stats["errors_sent"] += 1
+                if self.sink is not None:
+                    self.sink.ros_error(ent.kind, slot, "qos_incompatible", msg)
+
     def _poll_counts(self, now):
+        self._poll_incompatible(now)
         for ent in list(self._pubs.values()):
             if ent.handle is None:
                 continue

@@ -3,23 +3,49 @@
 A backend only makes ROS calls; see docs/DESIGN.md ("Companion and backends") for the interface.
 """
 
+import logging
+import os
 
-def rclpy_available():
+log = logging.getLogger("ros_side")
+
+
+def rclpy_unavailable():
+    """None when the rclpy backend can run here, else one line saying why not.
+
+    Importing rclpy is not enough (a ROS 2 install without its libraries on the path, or a
+    Python of another version, fails only when rclpy loads its C extension): this imports what
+    the backend itself needs.
+    """
     try:
         import rclpy  # noqa: F401
-    except Exception:
-        return False
-    return True
+        from rclpy.executors import SingleThreadedExecutor  # noqa: F401
+        from rclpy.serialization import serialize_message  # noqa: F401  (loads _rclpy_pybind11)
+    except Exception as e:
+        return "%s: %s" % (type(e).__name__, e)
+    return None
+
+
+def default_distro(distro=None, env=None):
+    """``distro`` if given, else ``ROS_DISTRO``, else humble."""
+    env = os.environ if env is None else env
+    return distro or env.get("ROS_DISTRO", "").strip() or "humble"
 
 
 def make_backend(kind="auto", domain=None, distro=None, msg_paths=(), node_name="ros_side"):
-    """``auto``: rclpy if importable, else dds. Imports lazily so neither is required."""
+    """``auto``: rclpy if it can run here, else dds (saying why in one log line). Imports lazily
+    so neither backend is required."""
     if kind == "auto":
-        kind = "rclpy" if rclpy_available() else "dds"
+        why = rclpy_unavailable()
+        if why is None:
+            kind = "rclpy"
+        else:
+            log.info("backend auto: dds (rclpy not usable: %s)", why)
+            kind = "dds"
     if kind == "rclpy":
         from .rclpy_backend import RclpyBackend
         return RclpyBackend(node_name=node_name, domain=domain)
     if kind == "dds":
         from .dds import DdsBackend
-        return DdsBackend(domain=domain, distro=distro or "humble", msg_paths=msg_paths)
+        return DdsBackend(domain=domain, distro=default_distro(distro), msg_paths=msg_paths,
+                          node_name=node_name)
     raise ValueError("unknown backend %r (auto|rclpy|dds)" % (kind,))

@@ -75,6 +75,29 @@ LOOPBACK_XML = (
     '<Peers><Peer address="127.0.0.1"/></Peers></Discovery></Domain></CycloneDDS>'
 )
 
+# Fast DDS (rmw_fastrtps, Kilted: Fast DDS 3.2) announces XTypes type information that
+# cyclonedds 11.0.1 rejects for every type with a sequence or an array ("ddsi_xt_type_init_impl
+# with invalid type object"); such endpoints then never match. ROS 2 matches by topic and type
+# name only, so Cyclone is told to ignore the type information of eProsima's vendor id (1.15).
+# Ghost subscriptions: when Cyclone deletes a reader or writer it announces that with a
+# dispose/unregister of the endpoint's discovery (SEDP) instance, and by default without a key
+# hash (PID_KEY_HASH): the key is only in the payload. Fast DDS looks up the endpoint to remove
+# by the key hash alone, so it ignored the removal and kept counting the deleted reader as
+# matched until our whole participant's lease expired. GenerateKeyhash puts the key hash in.
+_COMPAT_PARTS = {
+    "IgnoreTypeInformation":
+        "<Compatibility><IgnoreTypeInformation>1.15</IgnoreTypeInformation></Compatibility>",
+    "GenerateKeyhash": "<Internal><GenerateKeyhash>true</GenerateKeyhash></Internal>",
+}
+
+
+def compat_xml(skip=()):
+    """The Fast DDS settings as one Cyclone configuration, leaving out the elements in ``skip``."""
+    parts = "".join(x for name, x in _COMPAT_PARTS.items() if name not in skip)
+    return "<CycloneDDS><Domain>%s</Domain></CycloneDDS>" % parts if parts else ""
+
+
+FASTDDS_COMPAT_XML = compat_xml()
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
@@ -92,12 +115,39 @@ def localhost_only(env=None):
     return env.get("ROS_AUTOMATIC_DISCOVERY_RANGE", "").strip().upper() == "LOCALHOST"
 
 
-def implied_config(env=None):
-    """LOOPBACK_XML when ``localhost_only(env)`` and the user has not set ``CYCLONEDDS_URI``."""
+def _config_text(uri):
+    """The text of a CYCLONEDDS_URI (inline XML, or the files of ``file://`` entries) to inspect."""
+    parts = []
+    for item in uri.split(","):
+        item = item.strip()
+        if item.startswith("file://"):
+            try:
+                with open(item[len("file://"):], encoding="utf-8") as f:
+                    parts.append(f.read())
+            except OSError:
+                pass
+        else:
+            parts.append(item)
+    return "\n".join(parts)
+
+
+def build_config(env=None):
+    """The Cyclone configuration for the backend's domain.
+
+    Base: the user's ``CYCLONEDDS_URI`` if set, else ``LOOPBACK_XML`` when ``localhost_only(env)``,
+    else Cyclone's defaults. ``FASTDDS_COMPAT_XML`` is appended (Cyclone merges a comma-separated
+    list of configurations in order), less any of its two elements the user's configuration
+    already sets: the user's own value is kept.
+    """
     env = os.environ if env is None else env
-    if localhost_only(env) and not env.get("CYCLONEDDS_URI"):
-        return LOOPBACK_XML
-    return None
+    user = env.get("CYCLONEDDS_URI", "").strip()
+    if user:
+        text = _config_text(user)
+        extra = compat_xml(skip=[name for name in _COMPAT_PARTS if name in text])
+        return user + "," + extra if extra else user
+    if localhost_only(env):
+        return LOOPBACK_XML + "," + FASTDDS_COMPAT_XML
+    return FASTDDS_COMPAT_XML
 
 
 def default_domain(env=None):
@@ -126,6 +176,33 @@ def make_qos(qos, writer, type_hash=None):
     if type_hash:
         pols.append(Policy.Userdata(data=("typehash=%s;" % type_hash).encode("ascii")))
     return Qos(*pols)
+
+
+# DDS 1.4 QoS policy ids (what Cyclone's incompatible-QoS statuses report)
+_POLICIES = {1: "USER_DATA", 2: "DURABILITY", 3: "PRESENTATION", 4: "DEADLINE",
+             5: "LATENCY_BUDGET", 6: "OWNERSHIP", 8: "LIVELINESS", 11: "RELIABILITY",
+             12: "DESTINATION_ORDER", 13: "HISTORY", 23: "DATA_REPRESENTATION"}
+
+
+def policy_name(policy_id):
+    return _POLICIES.get(policy_id, "policy %d" % policy_id)
+
+
+def pad_to_4(data):
+    """``data`` zero-padded to a multiple of 4, the pad count in the encapsulation options.
+
+    See the module docstring: zeros, never Cyclone's uninitialised padding. XTypes 1.3,
+    7.6.3.1.2: the two low bits of the encapsulation options count the padding bytes at the end,
+    so a receiver can recover the exact length.
+    """
+    pad = -len(data) % 4
+    if not pad:
+        return data
+    b = bytearray(data)
+    b += _ZEROS[:pad]
+    if len(b) >= 4 and not b[3] & 3:
+        b[3] |= pad
+    return bytes(b)
 
 
 def _delete(entity):
@@ -160,30 +237,97 @@ class _Sub:
         self.active = True
 
 
+class GraphAnnouncer:
+    """Names this participant's endpoints in the ROS graph, as every rmw does.
+
+    rmw implementations publish ``rmw_dds_common/msg/ParticipantEntitiesInfo`` on the DDS topic
+    ``ros_discovery_info`` (no ``rt`` prefix; reliable, transient_local, keep_last 1): the
+    participant's gid, and per node its name, namespace and the gids of its readers and writers.
+    A gid is the 16-byte DDS GUID (prefix + entity id) zero-filled to ``Gid.data``'s length (16
+    from Iron on, 24 before). Without it, ``get_publishers_info_by_topic`` and ``ros2 node list``
+    show our endpoints as node ``_CREATED_BY_BARE_DDS_APP_``. The sample is written again after
+    every change (transient_local: late joiners get the last one).
+    """
+
+    TYPE = "rmw_dds_common/msg/ParticipantEntitiesInfo"
+    TOPIC = "ros_discovery_info"
+
+    def __init__(self, dp, types, node_name, node_namespace="/"):
+        self.types = types
+        self.node = (node_namespace, node_name)
+        self.gids = {"reader": [], "writer": []}
+        self.writer = None
+        S = types.store.types
+        if self.TYPE not in S:  # pragma: no cover - every rosbags ROS 2 store has it
+            log.warning("%s unknown to the %s typestore: not announcing node %s",
+                        self.TYPE, types.distro, node_name)
+            return
+        self._Gid = S["rmw_dds_common/msg/Gid"]
+        self._Node = S["rmw_dds_common/msg/NodeEntitiesInfo"]
+        self._Info = S[self.TYPE]
+        self._gid_len = self.types.store.fielddefs["rmw_dds_common/msg/Gid"][1][0][1][1][1]
+        self._pgid = self._gid(dp)
+        qos = make_qos({"reliability": "reliable", "durability": "transient_local", "depth": 1},
+                       True, types.type_hash(self.TYPE))
+        self.topic = Topic(dp, self.TOPIC, types.idl_type(self.TYPE))
+        self.writer = DataWriter(dp, self.topic, qos=qos)
+        self._write()
+
+    def _gid(self, entity):
+        import numpy as np
+        raw = entity.guid.bytes.ljust(self._gid_len, b"\0")
+        return self._Gid(data=np.frombuffer(raw, dtype=np.uint8))
+
+    def add(self, kind, entity):
+        if self.writer is not None:
+            self.gids[kind].append((entity, self._gid(entity)))
+            self._write()
+
+    def remove(self, kind, entity):
+        if self.writer is not None:
+            self.gids[kind] = [(e, g) for e, g in self.gids[kind] if e is not entity]
+            self._write()
+
+    def _write(self):
+        ns, name = self.node
+        node = self._Node(node_namespace=ns, node_name=name,
+                          reader_gid_seq=[g for _, g in self.gids["reader"]],
+                          writer_gid_seq=[g for _, g in self.gids["writer"]])
+        data = bytes(self.types.store.serialize_cdr(self._Info(gid=self._pgid,
+                                                               node_entities_info_seq=[node]),
+                                                    self.TYPE))
+        ret = ddspy_write(self.writer._ref, pad_to_4(data))
+        if ret < 0:  # pragma: no cover
+            log.warning("could not write %s: DDS error %d", self.TOPIC, ret)
+
+    def close(self):
+        if self.writer is not None:
+            self.gids = {"reader": [], "writer": []}
+            _delete(self.writer)
+            _delete(self.topic)
+            self.writer = None
+
+
 class DdsBackend:
     """Backend ``dds``. ``DdsBackend(domain=None, distro='humble', msg_paths=())``.
 
-    ``domain`` None -> ``ROS_DOMAIN_ID`` else 0. Applies ``LOOPBACK_XML`` when ``localhost_only()``
-    and ``CYCLONEDDS_URI`` is unset.
+    ``domain`` None -> ``ROS_DOMAIN_ID`` else 0. The domain's configuration is ``build_config()``
+    (loopback when ``localhost_only()``, Fast DDS type-information compatibility always).
     """
 
     name = "dds"
 
-    def __init__(self, domain=None, distro="humble", msg_paths=(), types=None, config=None):
+    def __init__(self, domain=None, distro="humble", msg_paths=(), types=None, config=None,
+                 node_name="ros_side", node_namespace="/"):
         self.types = types if types is not None else TypeRegistry(distro, msg_paths)
         self.distro = self.types.distro
         for problem in self.types.problems:
             log.warning("--msg-path: %s", problem)
         self.domain_id = default_domain() if domain is None else int(domain)
-        self._domain = None
-        if config is None:
-            config = implied_config()
-        if config is not None:
-            try:
-                self._domain = Domain(self.domain_id, config)
-            except DDSException as e:  # domain already created in this process
-                log.warning("could not apply DDS config to domain %d: %s", self.domain_id, e)
-        self.dp = DomainParticipant(self.domain_id)
+        self._domain = self._make_domain(build_config() if config is None else config)
+        # rmw sets "enclave=<name>;" in the participant's USER_DATA; rmw_fastrtps only adds a
+        # participant with it to its graph (custom_participant_info.hpp, on_participant_discovery)
+        self.dp = DomainParticipant(self.domain_id, qos=Qos(Policy.Userdata(data=b"enclave=/;")))
         self._lock = threading.RLock()
         self._topics = {}       # ros topic -> [Topic, ros_type, users]
         self._subs = []         # live _Sub objects (the WaitSet thread iterates a snapshot)
@@ -195,6 +339,25 @@ class DdsBackend:
         self.callback_errors = 0
         self._thread = threading.Thread(target=self._run, name="ros_side-dds-waitset", daemon=True)
         self._thread.start()
+        self._graph = GraphAnnouncer(self.dp, self.types, node_name, node_namespace)
+
+    def _make_domain(self, config):
+        try:
+            return Domain(self.domain_id, config)
+        except DDSException as e:
+            user = os.environ.get("CYCLONEDDS_URI", "").strip()
+            if user and config.startswith(user + ","):
+                log.warning("CYCLONEDDS_URI could not take the Fast DDS compatibility setting (%s); "
+                            "using it as it is: message types with sequences or arrays will not "
+                            "match rmw_fastrtps peers unless it sets <Compatibility>"
+                            "<IgnoreTypeInformation>1.15</IgnoreTypeInformation>", e)
+                try:
+                    return Domain(self.domain_id, user)
+                except DDSException as e2:
+                    e = e2
+            # e.g. the domain already exists in this process: it keeps its configuration
+            log.warning("could not apply DDS config to domain %d: %s", self.domain_id, e)
+            return None
 
     # -- helpers ----------------------------------------------------------------------------------
     def _acquire_topic(self, topic, ros_type):
@@ -236,6 +399,7 @@ class DdsBackend:
             except DDSException as e:
                 self._release_topic(topic)
                 raise RosError("qos_conflict", "%s: cannot create writer: %s" % (topic, e))
+            self._graph.add("writer", w)
             return _Pub(topic, ros_type, w)
 
     def destroy_publisher(self, handle):
@@ -243,6 +407,7 @@ class DdsBackend:
             if not handle.active:
                 return
             handle.active = False
+            self._graph.remove("writer", handle.writer)
             _delete(handle.writer)
             handle.writer = None
             self._release_topic(handle.topic)
@@ -251,15 +416,7 @@ class DdsBackend:
         w = handle.writer
         if w is None:
             return
-        pad = -len(data) % 4
-        if pad:  # see the module docstring: zeros, never Cyclone's uninitialised padding
-            b = bytearray(data)
-            b += _ZEROS[:pad]
-            if len(b) >= 4 and not b[3] & 3:
-                # XTypes 1.3, 7.6.3.1.2: the two low bits of the encapsulation options count
-                # the padding bytes at the end, so a receiver can recover the exact length.
-                b[3] |= pad
-            data = bytes(b)
+        data = pad_to_4(data)
         ret = ddspy_write(w._ref, data)
         if ret < 0:
             raise DDSException(ret, "ddspy_write on %s" % handle.topic)
@@ -274,6 +431,17 @@ class DdsBackend:
         if not own:
             return len(matched)
         return sum(1 for h in matched if h not in own)
+
+    def incompatible_qos(self, handle):
+        """(total count, policy name) of DDS offered/requested-incompatible-QoS on this entity."""
+        ent = handle.writer if isinstance(handle, _Pub) else handle.reader
+        if ent is None:
+            return 0, ""
+        if isinstance(handle, _Pub):
+            st = ent.get_offered_incompatible_qos_status()
+        else:
+            st = ent.get_requested_incompatible_qos_status()
+        return st.total_count, policy_name(st.last_policy_id)
 
     def create_subscription(self, topic, type_string, qos, callback):
         ros_type = normalize_type(type_string)
@@ -294,6 +462,7 @@ class DdsBackend:
             self._subs = self._subs + [sub]
             self._ws.attach(cond)
             self._wake.set(True)
+            self._graph.add("reader", r)
             return sub
 
     def destroy_subscription(self, handle):
@@ -311,6 +480,7 @@ class DdsBackend:
                 self._ws.detach(handle.cond)
             except Exception:  # pragma: no cover
                 pass
+            self._graph.remove("reader", handle.reader)
             _delete(handle.cond)
             _delete(handle.reader)
             handle.cond = handle.reader = None
@@ -326,6 +496,7 @@ class DdsBackend:
         with self._lock:
             for s in list(self._subs):
                 self.destroy_subscription(s)
+            self._graph.close()
             _delete(self._wake)
             _delete(self._ws)
             _delete(self.dp)

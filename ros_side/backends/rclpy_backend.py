@@ -1,10 +1,12 @@
 """Backend ``rclpy``: a thin layer over a ROS 2 installation's rclpy (Foxy and later).
 
-Only documented rclpy API is used (see shared/design/ROS-NOTES.md):
+Needs nothing beyond a minimal ROS 2 runtime (rclpy and the message packages; not
+rosidl_runtime_py, which e.g. the PyPI Kilted wheels do not ship). Only documented rclpy API is
+used (see shared/design/ROS-NOTES.md):
 
-* message classes: ``rosidl_runtime_py.utilities.get_message('pkg/msg/Type')``; exactly
-  ModuleNotFoundError / AttributeError / ValueError mean "no such type" (as in ros2cli) ->
-  ``unknown_type``;
+* message classes: ``importlib.import_module('pkg.msg')`` and the attribute ``Type``, as
+  rosidl_runtime_py's ``get_message`` does; no such module or attribute, or an attribute that is
+  not a generated message class (no ``__import_type_support__``), -> ``unknown_type``;
 * topic names: ``rclpy.validate_full_topic_name.validate_full_topic_name`` (raises
   ``InvalidTopicNameException``) -> ``invalid_topic``; the companion uses it instead of its own
   check through ``check_topic``;
@@ -20,6 +22,7 @@ Only documented rclpy API is used (see shared/design/ROS-NOTES.md):
   publisher).
 """
 
+import importlib
 import os
 import queue
 import threading
@@ -30,22 +33,62 @@ from ..qos import normalize_qos
 _TIMEOUT = 10.0
 
 
-class _Pub:
-    __slots__ = ("topic", "type", "pub")
+def load_message_class(ros_type):
+    """The generated Python class of ``pkg/msg/Type`` (already normalised by the companion), with
+    its type support loaded; RosError('unknown_type') when this installation has no such
+    message."""
+    pkg, _, name = ros_type.split("/")
+    try:
+        module = importlib.import_module(pkg + ".msg")
+    except ImportError as e:
+        raise RosError("unknown_type", "%s: no message package %r here (%s)" % (ros_type, pkg, e))
+    cls = getattr(module, name, None)
+    load = getattr(cls, "__import_type_support__", None)
+    if cls is None or not callable(load):
+        raise RosError("unknown_type", "%s: package %r has no message %r" % (ros_type, pkg, name))
+    try:
+        load()
+    except Exception as e:  # its C type support does not load: unusable here
+        raise RosError("unknown_type", "%s: cannot load its type support: %s" % (ros_type, e))
+    return cls
 
-    def __init__(self, topic, ros_type, pub):
+
+class _Pub:
+    __slots__ = ("topic", "type", "pub", "incompatible")
+
+    def __init__(self, topic, ros_type, pub=None):
         self.topic = topic
         self.type = ros_type
         self.pub = pub
+        self.incompatible = (0, "")   # (total count, policy) from rclpy's incompatible-QoS event
 
 
 class _Sub:
-    __slots__ = ("topic", "type", "sub")
+    __slots__ = ("topic", "type", "sub", "incompatible")
 
-    def __init__(self, topic, ros_type, sub):
+    def __init__(self, topic, ros_type, sub=None):
         self.topic = topic
         self.type = ros_type
         self.sub = sub
+        self.incompatible = (0, "")
+
+
+def _event_callbacks():
+    """rclpy's (PublisherEventCallbacks, SubscriptionEventCallbacks): Iron+ ``event_handler``,
+    Humble ``qos_event``."""
+    try:
+        from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
+    except ImportError:  # Humble
+        from rclpy.qos_event import (PublisherEventCallbacks,  # type: ignore[no-redef]
+                                     SubscriptionEventCallbacks)
+    return PublisherEventCallbacks, SubscriptionEventCallbacks
+
+
+def _on_incompatible(handle):
+    def record(status):
+        policy = getattr(status.last_policy_kind, "name", str(status.last_policy_kind))
+        handle.incompatible = (status.total_count, policy)
+    return record
 
 
 class RclpyBackend:
@@ -55,7 +98,6 @@ class RclpyBackend:
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-        from rosidl_runtime_py.utilities import get_message  # type: ignore[import-not-found,unused-ignore]
         from rclpy.validate_full_topic_name import validate_full_topic_name
         from rclpy.exceptions import InvalidTopicNameException
 
@@ -64,9 +106,9 @@ class RclpyBackend:
         self._Reliability = ReliabilityPolicy
         self._Durability = DurabilityPolicy
         self._History = HistoryPolicy
-        self._get_message = get_message
         self._validate = validate_full_topic_name
         self._InvalidTopic = InvalidTopicNameException
+        self._PubEvents, self._SubEvents = _event_callbacks()
         self.distro = os.environ.get("ROS_DISTRO", "unknown")
         self._owns_init = False
         if context is None and not rclpy.ok():
@@ -139,10 +181,7 @@ class RclpyBackend:
     def _msg_class(self, ros_type):
         cls = self._classes.get(ros_type)
         if cls is None:
-            try:
-                cls = self._get_message(ros_type)
-            except (ModuleNotFoundError, AttributeError, ValueError) as e:
-                raise RosError("unknown_type", "%s: %s" % (ros_type, e))
+            cls = load_message_class(ros_type)
             self._classes[ros_type] = cls
         return cls
 
@@ -161,8 +200,11 @@ class RclpyBackend:
     def create_publisher(self, topic, ros_type, qos):
         cls = self._msg_class(ros_type)
         profile = self._profile(qos)
-        pub = self._call(lambda: self.node.create_publisher(cls, topic, profile))
-        return _Pub(topic, ros_type, pub)
+        handle = _Pub(topic, ros_type)
+        events = self._PubEvents(incompatible_qos=_on_incompatible(handle))
+        handle.pub = self._call(lambda: self.node.create_publisher(cls, topic, profile,
+                                                                   event_callbacks=events))
+        return handle
 
     def destroy_publisher(self, handle):
         pub, handle.pub = handle.pub, None
@@ -189,11 +231,17 @@ class RclpyBackend:
         def on_msg(data, *info):  # Humble passes one argument; Iron+ may add message info
             callback(data)
 
-        sub = self._call(lambda: self.node.create_subscription(cls, topic, on_msg, profile,
-                                                               raw=True))
+        handle = _Sub(topic, ros_type)
+        events = self._SubEvents(incompatible_qos=_on_incompatible(handle))
+        handle.sub = self._call(lambda: self.node.create_subscription(
+            cls, topic, on_msg, profile, raw=True, event_callbacks=events))
         with self._lock:
             self._own_subs[topic] = self._own_subs.get(topic, 0) + 1
-        return _Sub(topic, ros_type, sub)
+        return handle
+
+    def incompatible_qos(self, handle):
+        """(total count, policy name) from rclpy's incompatible-QoS event of this entity."""
+        return handle.incompatible
 
     def destroy_subscription(self, handle):
         sub, handle.sub = handle.sub, None

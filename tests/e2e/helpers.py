@@ -54,13 +54,15 @@ MODES = ["udp", "serial", "direct"]
 SERIAL_BAUD = 4_000_000    # pty pairs have no line rate; both ends pace to baud/10 bytes/s
 
 
-def e2e_proc(argv: List[str]) -> Proc:
-    """A process of this run: DDS on loopback, in this run's domain id and discovery tag."""
-    return Proc(argv, env=child_env(E2E_DOMAIN, E2E_XML))
+def e2e_proc(argv: List[str], env: Optional[Dict[str, str]] = None) -> Proc:
+    """A process of this run: DDS on loopback, in this run's domain id and discovery tag
+    (or the environment given: a real-ROS peer's)."""
+    return Proc(argv, env=env or child_env(E2E_DOMAIN, E2E_XML))
 
 
-def companion_argv(link: str, *extra: str) -> List[str]:
-    return [sys.executable, "-m", "ros_side", "--backend", "dds", "--domain", str(E2E_DOMAIN),
+def companion_argv(link: str, *extra: str, python: str = sys.executable,
+                   backend: str = "dds") -> List[str]:
+    return [python, "-m", "ros_side", "--backend", backend, "--domain", str(E2E_DOMAIN),
             "--link", link, "--baud", str(SERIAL_BAUD), *extra]
 
 
@@ -143,10 +145,15 @@ class LinkBridge(Bridge):
     """Gateway (in-process thread, real sockets) == UDP or serial link == companion (process)."""
 
     def __init__(self, mode: str, profile: Optional[Dict[str, int]] = None,
-                 companion_args: tuple = (), key_file: Optional[str] = None) -> None:
+                 companion_args: tuple = (), key_file: Optional[str] = None,
+                 companion_python: str = sys.executable, backend: str = "dds",
+                 companion_env: Optional[Dict[str, str]] = None) -> None:
         self.mode = mode
         self.key_file = key_file    # --link-key on both ends
         self.companion_args = companion_args + (("--link-key", key_file) if key_file else ())
+        self.companion_python = companion_python
+        self.backend = backend
+        self.companion_env = companion_env
         self.relay: Optional[PtyRelay] = None
         self.comp: Optional[Proc] = None
         self.server: Optional[GatewayServer] = None
@@ -206,7 +213,10 @@ class LinkBridge(Bridge):
         return False
 
     def start_companion(self) -> None:
-        self.comp = e2e_proc(companion_argv(self.comp_url, *self.companion_args))
+        self.comp = e2e_proc(companion_argv(self.comp_url, *self.companion_args,
+                                            python=self.companion_python,
+                                            backend=self.backend),
+                             self.companion_env)
         self.comp.wait_line(r"companion on link")
 
     def kill_companion(self) -> None:

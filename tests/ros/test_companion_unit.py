@@ -128,13 +128,85 @@ def test_unknown_group_stats_in_diagnostics(sink):
     assert d["gateway.clients"] == 3 and d["backend"] == "fake"
 
 
-def test_dds_env_conventions():
-    from ros_side.backends.dds import LOOPBACK_XML, default_domain, implied_config
-    assert implied_config({}) is None
-    assert implied_config({"ROS_LOCALHOST_ONLY": "1"}) == LOOPBACK_XML
-    assert implied_config({"ROS_LOCALHOST_ONLY": "0"}) is None
-    assert implied_config({"ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}) == LOOPBACK_XML
-    assert implied_config({"ROS_AUTOMATIC_DISCOVERY_RANGE": "SUBNET"}) is None
-    assert implied_config({"ROS_LOCALHOST_ONLY": "1", "CYCLONEDDS_URI": "file:///x.xml"}) is None
+def test_dds_config_follows_the_ros_conventions_and_always_speaks_fast_dds(tmp_path):
+    from ros_side.backends.dds import FASTDDS_COMPAT_XML, LOOPBACK_XML, build_config, default_domain
+    compat = "," + FASTDDS_COMPAT_XML
+    assert build_config({}) == FASTDDS_COMPAT_XML
+    assert build_config({"ROS_LOCALHOST_ONLY": "1"}) == LOOPBACK_XML + compat
+    assert build_config({"ROS_LOCALHOST_ONLY": "0"}) == FASTDDS_COMPAT_XML
+    assert build_config({"ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}) == LOOPBACK_XML + compat
+    assert build_config({"ROS_AUTOMATIC_DISCOVERY_RANGE": "SUBNET"}) == FASTDDS_COMPAT_XML
+    # a user's CYCLONEDDS_URI wins over the ROS convention, and gets the Fast DDS settings merged
+    user = "file://%s" % (tmp_path / "x.xml")
+    (tmp_path / "x.xml").write_text("<CycloneDDS/>")
+    assert build_config({"ROS_LOCALHOST_ONLY": "1", "CYCLONEDDS_URI": user}) == user + compat
+    # ... less what it already sets itself (inline or in its file): the user's value is kept
+    (tmp_path / "y.xml").write_text("<Compatibility><IgnoreTypeInformation>1.16"
+                                    "</IgnoreTypeInformation></Compatibility>")
+    own = "file://%s" % (tmp_path / "y.xml")
+    merged = build_config({"CYCLONEDDS_URI": own})
+    assert merged.startswith(own + ",") and "IgnoreTypeInformation" not in merged[len(own):]
+    assert "GenerateKeyhash>true<" in merged
+    both = "<X><IgnoreTypeInformation/><GenerateKeyhash>false</GenerateKeyhash></X>"
+    assert build_config({"CYCLONEDDS_URI": both}) == both
+    assert "IgnoreTypeInformation>1.15<" in FASTDDS_COMPAT_XML
+    assert "GenerateKeyhash>true<" in FASTDDS_COMPAT_XML
     assert default_domain({}) == 0 and default_domain({"ROS_DOMAIN_ID": "17"}) == 17
     assert "127.0.0.1" in LOOPBACK_XML and "<AllowMulticast>false" in LOOPBACK_XML
+
+
+def test_the_merged_config_is_one_cyclone_accepts():
+    """Cyclone parses the comma-joined list (a typo in the compatibility XML would not be)."""
+    import subprocess
+    import sys
+    code = ("from cyclonedds.domain import Domain, DomainParticipant;"
+            "from ros_side.backends.dds import build_config;"
+            "Domain(231, build_config({'ROS_LOCALHOST_ONLY': '1'})); DomainParticipant(231)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_pad_to_4_counts_its_padding_in_the_options():
+    from ros_side.backends.dds import pad_to_4
+    assert pad_to_4(b"\0\1\0\0abcd") == b"\0\1\0\0abcd"
+    assert pad_to_4(b"\0\1\0\0a") == b"\0\1\0\3a\0\0\0"
+    assert pad_to_4(b"\0\1\0\0abc") == b"\0\1\0\1abc\0"
+
+
+def test_default_distro_follows_ros_distro():
+    from ros_side.backends import default_distro
+    assert default_distro(None, {}) == "humble"
+    assert default_distro(None, {"ROS_DISTRO": "kilted"}) == "kilted"
+    assert default_distro("jazzy", {"ROS_DISTRO": "kilted"}) == "jazzy"
+
+
+class IncompatibleBackend(FakeBackend):
+    def __init__(self):
+        FakeBackend.__init__(self)
+        self.incompatible = {}
+
+    def incompatible_qos(self, handle):
+        return self.incompatible.get(handle, (0, ""))
+
+
+def test_qos_incompatible_reported_once_per_5_s_per_slot(sink):
+    b = IncompatibleBackend()
+    c = Companion(b, sink, diagnostics_period_ms=0)
+    c.advertise(1, "/m", "std_msgs/msg/String", QOS_R)
+    c.subscribe(2, "/n", "std_msgs/msg/String", QOS_R)
+    pub, sub = b.created
+    c.poll(0)
+    assert sink.of("error") == []
+    b.incompatible[pub] = (1, "RELIABILITY")
+    b.incompatible[sub] = (2, "DURABILITY")
+    c.poll(1000)
+    errs = [e[1:4] for e in sink.of("error")]
+    assert errs == [("pub", 1, "qos_incompatible"), ("sub", 2, "qos_incompatible")]
+    assert "RELIABILITY" in sink.of("error")[0][4] and "DURABILITY" in sink.of("error")[1][4]
+    b.incompatible[pub] = (2, "RELIABILITY")     # another mismatching peer, too soon
+    c.poll(3000)
+    assert len(sink.of("error")) == 2
+    c.poll(6000)                                 # 5 s later: reported again
+    assert [e[1:4] for e in sink.of("error")][2:] == [("pub", 1, "qos_incompatible")]
+    c.poll(20000)                                # nothing new: nothing more
+    assert len(sink.of("error")) == 3

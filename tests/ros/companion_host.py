@@ -1,0 +1,106 @@
+"""The companion (``ros_side.companion.Companion``) with one backend, in its own process, driven by
+JSON lines on stdin (the tests' ``Host`` class). Runs under any Python that can run the backend:
+
+    .venv-ros/bin/python companion_host.py rclpy    the rclpy backend on the real Kilted rclpy
+    .venv/bin/python companion_host.py dds          the dds backend (cyclonedds + rosbags)
+    ... companion_host.py auto                      what ``--backend auto`` picks (and why)
+
+Requests (answered by ``{"re": seq}``): ``advertise``/``subscribe`` {slot, topic, type, qos},
+``unadvertise``/``unsubscribe`` {slot}, ``publish`` {slot, data: HEX, reliable}, ``quit``.
+``matched`` {slot} -> {"count": N}: publishers the subscription of that slot has matched (test
+probe: DDS discovery is not symmetric in time, so a test that publishes once waits until both
+ends have matched). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
+The loop polls the companion every 10 ms and whenever its wake pipe is readable.
+"""
+
+import json
+import logging
+import os
+import select
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from ros_side.backends import make_backend  # noqa: E402
+from ros_side.companion import Companion  # noqa: E402
+
+
+def out(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class JsonSink:
+    def ros_up(self, distro, max_message):
+        out({"ev": "up", "distro": distro, "max": max_message})
+
+    def ros_down(self):
+        out({"ev": "down"})
+
+    def ros_result(self, kind, slot, code, message):
+        out({"ev": "result", "kind": kind, "slot": slot, "code": code, "message": message})
+
+    def ros_error(self, kind, slot, code, message):
+        out({"ev": "error", "kind": kind, "slot": slot, "code": code, "message": message})
+
+    def ros_message(self, slot, buf, off, n):
+        out({"ev": "message", "slot": slot, "data": bytes(memoryview(buf)[off:off + n]).hex()})
+
+    def ros_sub_count(self, slot, count):
+        out({"ev": "count", "slot": slot, "count": count})
+
+
+def matched(comp, slot):
+    handle = comp._sub_slots[slot].handle
+    if hasattr(handle, "reader"):                       # dds backend
+        return handle.reader.get_subscription_matched_status().current_count
+    return handle.sub.get_publisher_count()             # rclpy backend (Jazzy and later)
+
+
+def now_ms():
+    return int(time.monotonic() * 1000)
+
+
+def main():
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    backend = make_backend(sys.argv[1], distro=os.environ.get("ROS_DISTRO") or None)
+    comp = Companion(backend, JsonSink(), max_message=8 * 1024 * 1024, diagnostics_period_ms=0)
+    comp.start()
+    out({"ev": "ready", "backend": backend.name, "distro": comp.distro, "pid": os.getpid()})
+    fd, wake, buf = sys.stdin.fileno(), comp.wake_fd(), b""
+    try:
+        while True:
+            r, _, _ = select.select([fd, wake], [], [], 0.01)
+            if fd in r:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    req = json.loads(line)
+                    op = req["op"]
+                    if op == "quit":
+                        out({"re": req["seq"]})
+                        return
+                    if op in ("advertise", "subscribe"):
+                        getattr(comp, op)(req["slot"], req["topic"], req["type"], req["qos"])
+                    elif op in ("unadvertise", "unsubscribe"):
+                        getattr(comp, op)(req["slot"])
+                    elif op == "matched":
+                        out({"re": req["seq"], "count": matched(comp, req["slot"])})
+                        continue
+                    elif op == "publish":
+                        data = bytes.fromhex(req["data"])
+                        comp.publish(req["slot"], data, 0, len(data), req.get("reliable", True))
+                    out({"re": req["seq"]})
+            comp.poll(now_ms())
+    finally:
+        comp.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,2 +1,0 @@
-class InvalidTopicNameException(Exception):
-    pass
