@@ -2692,9 +2692,11 @@ class LinkRosPort:
         if t == LK_T_BAD:
             link_peer_rejected(self, slot, buf, off, n)
             return None
-        d = link_record_json(buf, off, n, 4 * LK_TEXT_MAX)
+        # Answers are short: their message is at most LK_TEXT_MAX characters, 6 bytes each
+        # as JSON escapes at worst, so 8 KiB bounds the parse (and the work) per record.
+        d = link_record_json(buf, off, n, 8 * LK_TEXT_MAX)
         if d is None:
-            return "not a JSON object of at most %d bytes and depth %d" % (4 * LK_TEXT_MAX,
+            return "not a JSON object of at most %d bytes and depth %d" % (8 * LK_TEXT_MAX,
                                                                            LK_JSON_DEPTH)
         try:
             if t == LK_T_CHELLO:

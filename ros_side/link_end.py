@@ -12,6 +12,14 @@ import struct
 import ubrb_min as L
 
 
+def _short(message):
+    # A message quotes what it is about (a 60 KiB topic name, say): the gateway takes at most
+    # LK_TEXT_MAX characters, so longer ones are cut here rather than refused there.
+    if isinstance(message, str) and len(message) > L.LK_TEXT_MAX:
+        return message[:L.LK_TEXT_MAX - 3] + "..."
+    return message
+
+
 class LinkCompanionEnd:
     """Companion end: link records become RosPort calls on `companion`; this
     object is the companion's GatewaySink (not thread-safe: call it from the
@@ -169,11 +177,11 @@ class LinkCompanionEnd:
         if code is not None:
             self.regs.pop(key, None)       # the gateway drops failed registrations
             self.results.pop(key, None)
-        self._ctl(L.LK_T_RESULT, slot, {"kind": kind, "code": code, "message": message,
-                                        "gen": gen})
+        self._ctl(L.LK_T_RESULT, slot, {"kind": kind, "code": code,
+                                        "message": _short(message), "gen": gen})
 
     def ros_error(self, kind, slot, code, message):
-        self._ctl(L.LK_T_ERROR, slot, {"kind": kind, "code": code, "message": message,
+        self._ctl(L.LK_T_ERROR, slot, {"kind": kind, "code": code, "message": _short(message),
                                        "gen": self._gen(kind, slot)})
 
     def ros_message(self, slot, buf, off, n):
