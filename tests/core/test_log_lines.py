@@ -22,7 +22,7 @@ def test_a_newline_in_a_client_name_stays_on_one_log_line():
     c.send(advertise(1, "/b", "other/msg/T"), now=20)   # duplicate_id: the message names /b
     c.close()
     assert lines, "the gateway logged nothing"
-    for level, msg in lines:
+    for _, msg in lines:
         assert "\n" not in msg and "\r" not in msg, msg
     assert any("'ue\\nCRITICAL root: forged'" in m for _, m in lines)
 
