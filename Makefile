@@ -3,6 +3,7 @@
 #   make lint       ruff
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
+#   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make clean / distclean
 
@@ -16,12 +17,12 @@ PYTEST_ARGS ?=
 # path it would also be found as `gateway` under ports/cpython (the runtime's import root).
 TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
-.PHONY: all help venv node_modules test lint typecheck mpy clean distclean
+.PHONY: all help venv node_modules test lint typecheck mpy fuzz clean distclean
 
 all: test
 
 help:
-	@sed -n '1,8s/^# \{0,1\}//p' Makefile
+	@sed -n '1,9s/^# \{0,1\}//p' Makefile
 
 venv: $(VENV_STAMP)
 
@@ -40,6 +41,11 @@ $(NODE_STAMP): package.json package-lock.json
 
 test: venv node_modules
 	$(VBIN)/python -m pytest -q $(PYTEST_ARGS) tests
+
+FUZZ_SECONDS ?= 120
+# CI runs the same fuzzers bounded (tests/fuzz/test_fuzz.py); this runs each for FUZZ_SECONDS.
+fuzz: venv
+	PYTHONPATH=.:ports/cpython:tests/core $(VBIN)/python -m tests.fuzz.fuzzers --seconds $(FUZZ_SECONDS)
 
 lint: venv
 	$(VBIN)/ruff check .
