@@ -104,6 +104,7 @@ S_CLOSING = 3  # flush what is queued, then the port closes the socket
 WANT_READ = 1  # Gateway.interest(ci): what a port waits for on a client socket
 WANT_WRITE = 2
 
+UBRB_JSON_DEPTH = 16  # deepest JSON nesting a client's control frame may have (qos: 2)
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
@@ -1072,8 +1073,11 @@ class Gateway:
             self._error(c, e.id, "protocol_error", str(e))
 
     def _json(self, buf, off, n):
+        b = bytes(memoryview(buf)[off : off + n])
+        if not _lk_depth_ok(b, UBRB_JSON_DEPTH):  # before json.loads: see _lk_depth_ok
+            raise ProtocolError("payload nests deeper than %d levels" % UBRB_JSON_DEPTH)
         try:
-            obj = json.loads(bytes(memoryview(buf)[off : off + n]))
+            obj = json.loads(b)
         except Exception:  # ValueError, UnicodeError: MicroPython and CPython raise different ones
             raise ProtocolError("payload is not valid JSON")
         if not isinstance(obj, dict):

@@ -1,6 +1,7 @@
-# What the gateway core logs about a client: every client-supplied string as a repr (one record
-# is one line, whatever the client sends), and repeated warnings at most once a second with a
-# count of those held back. Runs under CPython (pytest) and MicroPython alike.
+# A hostile client against the gateway core: what it logs about a client (every client-supplied
+# string as a repr, so one record is one line whatever the client sends; repeated warnings at
+# most once a second with a count of those held back), and JSON nested deep enough to exhaust a
+# parser. Runs under CPython (pytest) and MicroPython alike.
 import ubrb_min as U
 from scripted import Client, ScriptedRos, profile
 from tests.support.ubrb_frames import advertise, hello
@@ -38,3 +39,13 @@ def test_repeated_client_errors_are_logged_once_a_second_with_a_count():
     c.send(b"UBRB\x01\x05\x00\x00\x00\x00\x00\x00", now=1500)
     warned = [m for lvl, m in lines if lvl == "warning"]
     assert len(warned) == 2 and "(99 similar suppressed)" in warned[1]
+
+
+def test_deeply_nested_client_json_is_a_protocol_error_not_a_crash():
+    gw, lines = logged_gateway()
+    c = Client(gw)
+    c.send(hello("deep"))
+    c.send(U.encode_frame(U.OP_ADVERTISE, b"[" * 250 + b"]" * 250))   # within max_control
+    errs = c.json_frames(U.OP_ERROR)
+    assert errs[-1]["code"] == "protocol_error" and "deeper" in errs[-1]["message"]
+    assert not c.closing()
