@@ -184,16 +184,21 @@ class GatewayLoop:
         """Run until stop(), until() returns True, or Ctrl-C (KeyboardInterrupt); then close."""
         try:
             while self.running and not (until is not None and until()):
-                try:
-                    self.step()
-                except Exception as e:   # timers and output: contained like one event
-                    self._contained(e, -1, self.clock.ms())
+                self.step()
         except KeyboardInterrupt:
             self.log("info", "interrupted")
         finally:
             self.close()
 
     def step(self):
+        """One poll round. Never raises: an unexpected exception in one event costs that event
+        (see _contained); one in the timers or the output costs the rest of this round."""
+        try:
+            self._step()
+        except Exception as e:
+            self._contained(e, -1, self.clock.ms())
+
+    def _step(self):
         gw = self.gw
         link = self.link
         now = self.clock.ms()
