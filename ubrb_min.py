@@ -310,6 +310,66 @@ def encode_json_frame(op, obj):
     return encode_frame(op, json.dumps(obj).encode())
 
 
+class RateLog:
+    """Warnings at most once per `interval_ms` per key, each carrying the count of those it held
+    back: a client or peer that repeats a fault costs one log line a second, not a disk. Keys are
+    fixed strings chosen by the code (an ERROR code, "bad_record"), so the tables stay small."""
+
+    def __init__(self, log, interval_ms=1000):
+        self.log = log            # callable(level, message) or None
+        self.interval = interval_ms
+        self.last = {}            # key -> when it was last logged (ms)
+        self.held = {}            # key -> lines suppressed since
+
+    def warn(self, key, now, msg, level="warning"):
+        """Log `msg` unless `key` was logged less than interval_ms ago; True if logged."""
+        if self.log is None:
+            return False
+        t = self.last.get(key)
+        if t is not None and now - t < self.interval:
+            self.held[key] = self.held.get(key, 0) + 1
+            return False
+        self.last[key] = now
+        n = self.held.pop(key, 0)
+        if n:
+            msg = "%s (%d similar suppressed)" % (msg, n)
+        self.log(level, msg)
+        return True
+
+    def rebase(self, d):
+        for k in self.last:
+            self.last[k] -= d
+
+
+def json_depth_ok(b, limit):
+    """False if the JSON text `b` (bytes) nests arrays/objects deeper than `limit`."""
+    # MicroPython's json has no nesting limit (CPython's raises RecursionError, not ValueError):
+    # refuse deep input before parsing. Counting brackets is C speed and settles every
+    # well-formed record; only one with many brackets (e.g. inside strings) is scanned.
+    if b.count(b"{") + b.count(b"[") <= limit:
+        return True
+    d = 0
+    in_str = False
+    esc = False
+    for c in b:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 92:        # backslash
+                esc = True
+            elif c == 34:        # quote
+                in_str = False
+        elif c == 34:
+            in_str = True
+        elif c == 123 or c == 91:
+            d += 1
+            if d > limit:
+                return False
+        elif c == 125 or c == 93:
+            d -= 1
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # Frame decoder: bytes in, whole frames out, into one preallocated buffer
 # ---------------------------------------------------------------------------------------------
@@ -1074,7 +1134,7 @@ class Gateway:
 
     def _json(self, buf, off, n):
         b = bytes(memoryview(buf)[off : off + n])
-        if not _lk_depth_ok(b, UBRB_JSON_DEPTH):  # before json.loads: see _lk_depth_ok
+        if not json_depth_ok(b, UBRB_JSON_DEPTH):  # before json.loads: see json_depth_ok
             raise ProtocolError("payload nests deeper than %d levels" % UBRB_JSON_DEPTH)
         try:
             obj = json.loads(b)
@@ -2390,65 +2450,6 @@ class LinkSession:
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------
 
-class RateLog:
-    """Warnings at most once per `interval_ms` per key, each carrying the count of those it held
-    back: a client or peer that repeats a fault costs one log line a second, not a disk. Keys are
-    fixed strings chosen by the code (an ERROR code, "bad_record"), so the tables stay small."""
-
-    def __init__(self, log, interval_ms=1000):
-        self.log = log            # callable(level, message) or None
-        self.interval = interval_ms
-        self.last = {}            # key -> when it was last logged (ms)
-        self.held = {}            # key -> lines suppressed since
-
-    def warn(self, key, now, msg, level="warning"):
-        """Log `msg` unless `key` was logged less than interval_ms ago; True if logged."""
-        if self.log is None:
-            return False
-        t = self.last.get(key)
-        if t is not None and now - t < self.interval:
-            self.held[key] = self.held.get(key, 0) + 1
-            return False
-        self.last[key] = now
-        n = self.held.pop(key, 0)
-        if n:
-            msg = "%s (%d similar suppressed)" % (msg, n)
-        self.log(level, msg)
-        return True
-
-    def rebase(self, d):
-        for k in self.last:
-            self.last[k] -= d
-
-
-def _lk_depth_ok(b, limit):
-    # MicroPython's json has no nesting limit (CPython's raises RecursionError, not ValueError):
-    # refuse deep input before parsing. Counting brackets is C speed and settles every
-    # well-formed record; only one with many brackets (e.g. inside strings) is scanned.
-    if b.count(b"{") + b.count(b"[") <= limit:
-        return True
-    d = 0
-    in_str = False
-    esc = False
-    for c in b:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == 92:        # backslash
-                esc = True
-            elif c == 34:        # quote
-                in_str = False
-        elif c == 34:
-            in_str = True
-        elif c == 123 or c == 91:
-            d += 1
-            if d > limit:
-                return False
-        elif c == 125 or c == 93:
-            d -= 1
-    return True
-
-
 def link_record_json(buf, off, n, max_len=LK_JSON_MAX):
     """The JSON object of a control record, or None if it is not one: empty, longer than
     `max_len`, nested deeper than LK_JSON_DEPTH, not UTF-8, not JSON, or not an object.
@@ -2456,7 +2457,7 @@ def link_record_json(buf, off, n, max_len=LK_JSON_MAX):
     if n <= 0 or n > max_len:
         return None
     b = bytes(buf[off:off + n])
-    if not _lk_depth_ok(b, LK_JSON_DEPTH):
+    if not json_depth_ok(b, LK_JSON_DEPTH):
         return None
     try:
         d = json.loads(b.decode())
