@@ -141,7 +141,6 @@ def test_malformed_records_from_the_companion_crash_nothing_in_the_gateway() -> 
         c = RawClient(gw.port)
         c.hello("after the storm")
         c.advertise(1, "/hostile_ok", "std_msgs/msg/String", QOS_R)
-        ack = None
 
         def adv() -> Any:
             return peer.of_type(U.LK_T_ADV)

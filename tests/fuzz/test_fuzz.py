@@ -22,7 +22,7 @@ from tests.support import ubrb_frames as F
 # Inputs per CI run and the time cap of each fuzzer; the minimum is what a run must reach even on
 # a busy machine for the test to count (fewer means the fuzzer itself got slow: a failure).
 N = int(os.environ.get("UBRB_FUZZ_INPUTS", "300000"))
-CAP_S = float(os.environ.get("UBRB_FUZZ_CAP_S", "15"))
+CAP_S = float(os.environ.get("UBRB_FUZZ_CAP_S", "12"))
 MIN_INPUTS = min(N, 100000)
 
 
@@ -42,6 +42,10 @@ def test_fuzz_link_frame_parser() -> None:
 
 def test_fuzz_link_records_both_ends() -> None:
     run(Z.fuzz_records, 303)
+
+
+def test_fuzz_companion_end_with_the_real_companion() -> None:
+    run(Z.fuzz_companion, 404)
 
 
 json_values = st.recursive(
