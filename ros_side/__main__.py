@@ -219,6 +219,8 @@ def run_link(args: argparse.Namespace) -> int:
             now = now_ms()
             contained("companion poll", companion.poll, now)
             contained("link timers", driver.tick, now)
+            if end.owed:
+                contained("answers owed", end.retry_answers)
             contained("link output", driver.flush, now)
             if now - last_stats >= STATS_PERIOD_MS:
                 last_stats = now

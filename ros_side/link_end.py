@@ -42,6 +42,10 @@ class LinkCompanionEnd:
         self.c_bad_unsent = 0
         self.c_rejected = 0   # our records the gateway rejected
         self.ratelog = L.RateLog(log)
+        # Answers (RESULT) the send ring had no room for: key -> the record, re-sent by
+        # retry_answers(). Without its RESULT the gateway would wait for ever.
+        self.owed = {}
+        self.c_answer_retry = 0
 
     def _ctl(self, t, slot, obj):
         b = L.link_record_body(obj) if obj is not None else b""
@@ -56,6 +60,7 @@ class LinkCompanionEnd:
             self.regs.clear()
             self.results.clear()
             self.sub_rel.clear()
+            self.owed.clear()
         self.had = True
         f = getattr(self.companion, "set_max_message", None)
         if f is not None:
@@ -84,6 +89,8 @@ class LinkCompanionEnd:
         if t == L.LK_T_PUB:
             self.companion.publish(slot, buf, off, n, reliable)
             return
+        if self.owed:
+            self.retry_answers()
         try:
             why = self._control(t, slot, buf, off, n)
         except Exception as e:    # a bug must cost one record, never the companion
@@ -177,8 +184,18 @@ class LinkCompanionEnd:
         if code is not None:
             self.regs.pop(key, None)       # the gateway drops failed registrations
             self.results.pop(key, None)
-        self._ctl(L.LK_T_RESULT, slot, {"kind": kind, "code": code,
-                                        "message": _short(message), "gen": gen})
+        rec = {"kind": kind, "code": code, "message": _short(message), "gen": gen}
+        self.owed.pop(key, None)           # a newer answer replaces one still owed
+        if self._ctl(L.LK_T_RESULT, slot, rec) == L.LK_FULL:
+            self.owed[key] = rec
+
+    def retry_answers(self):
+        """Send the answers the ring had no room for (call it from the loop, often)."""
+        for key in list(self.owed):
+            if self._ctl(L.LK_T_RESULT, key >> 1, self.owed[key]) != L.LK_OK:
+                return
+            del self.owed[key]
+            self.c_answer_retry += 1
 
     def ros_error(self, kind, slot, code, message):
         self._ctl(L.LK_T_ERROR, slot, {"kind": kind, "code": code, "message": _short(message),

@@ -236,3 +236,24 @@ def test_bad_records_are_logged_once_per_second_escaped():
     raw(p.b, L.LK_T_RESULT, 1, b"{")
     p.run(50)
     assert len(lines) == 2 and "(49 similar suppressed)" in lines[1]
+
+
+def test_an_answer_the_companion_cannot_send_is_sent_later():
+    p, port, gw, comp, end = setup(max_message=1000)
+    p.run(300)
+    gw.take()
+    # the gateway's acknowledgements stop: the companion's ring fills with its answers
+    p.mangle = lambda data, d: [] if d == 0 else [data]
+    slot = 0
+    while not end.owed:
+        end.ros_message(99, bytes(900), 0, 900)      # reliable data fills the ring...
+        slot += 1
+        assert slot < 400
+        end.regs[slot * 2] = ["/t", "x/msg/Y", None, slot]
+        end.ros_result("pub", slot, None, "")        # ...until an answer finds no room
+    owed = sorted(end.owed)
+    p.mangle = None
+    p.run(3000)
+    end.retry_answers()
+    p.run(200)
+    assert not end.owed and end.c_answer_retry == len(owed)
