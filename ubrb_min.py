@@ -2507,11 +2507,13 @@ def link_bad_record(end, t, slot, why):
 
 
 def link_peer_rejected(end, slot, buf, off, n):
-    """The peer rejected one of our records (LK_T_BAD): a bug on one side; count and log it."""
+    """The peer rejected one of our records (LK_T_BAD): a bug on one side; count and log it.
+    Returns the BAD record's JSON object (None if unreadable)."""
     end.c_rejected += 1
-    d = link_record_json(buf, off, n, LK_TEXT_MAX)
+    d = link_record_json(buf, off, n, 8 * LK_TEXT_MAX)
     end.ratelog.warn("rejected", end.s.now, "the peer rejected a link record: %r"
                      % (d if d is not None else "(unreadable)",))
+    return d
 
 
 class LinkRosPort:
@@ -2695,7 +2697,18 @@ class LinkRosPort:
                 sink.ros_sub_count(slot, get_u32(buf, off))
             return None
         if t == LK_T_BAD:
-            link_peer_rejected(self, slot, buf, off, n)
+            d = link_peer_rejected(self, slot, buf, off, n)
+            # A registration the companion could not read gets no RESULT: end it here, with an
+            # ERROR to its clients, rather than leave them waiting.
+            rt = d.get("type") if d is not None else None
+            rs = d.get("slot") if d is not None else None
+            if (rt == LK_T_ADV or rt == LK_T_SUB) and isinstance(rs, int) \
+                    and not isinstance(rs, bool) and 0 <= rs < (1 << 21):
+                kind = "sub" if rt == LK_T_SUB else "pub"
+                if self.gens.pop(rs * 2 + (1 if kind == "sub" else 0), 0) < 0 and sink is not None:
+                    sink.ros_result(kind, rs, "protocol_error", "the ROS side could not read "
+                                    "the registration: %s" % (link_text(d, "message", LK_TEXT_MAX,
+                                                                        False) or "?",))
             return None
         # Answers are short: their message is at most LK_TEXT_MAX characters, 6 bytes each
         # as JSON escapes at worst, so 8 KiB bounds the parse (and the work) per record.

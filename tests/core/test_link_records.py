@@ -116,6 +116,8 @@ def test_an_exception_in_the_companion_is_contained_to_its_record():
     port.advertise(1, "/a", "std_msgs/msg/String", QOS_R)
     p.run(50)
     assert end.c_bad == 1 and port.c_rejected == 1
+    # the gateway learns from the BAD answer: that registration ends with an ERROR
+    assert gw.take("result") == [("result", "pub", 1, "protocol_error")]
     port.subscribe(2, "/s", "std_msgs/msg/String", QOS_R)
     p.run(50)
     assert gw.take("result") == [("result", "sub", 2, None)]
@@ -257,3 +259,14 @@ def test_an_answer_the_companion_cannot_send_is_sent_later():
     end.retry_answers()
     p.run(200)
     assert not end.owed and end.c_answer_retry == len(owed)
+
+
+def test_a_registration_the_companion_rejects_ends_with_an_error():
+    p, port, gw, comp, end = up()
+    port.advertise(2, "/a", "std_msgs/msg/String", QOS_R)      # pending: no answer yet
+    raw(p.b, L.LK_T_BAD, 0, {"type": L.LK_T_ADV, "slot": 2, "message": "cannot read it"})
+    raw(p.b, L.LK_T_BAD, 0, {"type": L.LK_T_SUB, "slot": 7, "message": "not ours"})
+    raw(p.b, L.LK_T_BAD, 0, b"{unreadable")
+    p.run(100)
+    assert gw.take() == [("result", "pub", 2, "protocol_error")]
+    assert port.c_rejected == 3 and 4 not in port.gens
