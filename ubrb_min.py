@@ -93,7 +93,6 @@ CLOSE_FLUSH_MS = 2000  # a closing client that does not read its last frames is 
 # Frames of one client handled per Gateway.received() call: the rest wait in its decoder for the
 # next loop turn (Gateway.backlog), so a client flooding tiny frames gets a turn like the others.
 FRAMES_PER_TURN = 32
-ERROR_LOG_PER_S = 10  # ERROR log lines per client per second; the rest are counted
 
 # Decoder results
 NEED_MORE = 0
@@ -108,6 +107,7 @@ S_CLOSING = 3  # flush what is queued, then the port closes the socket
 WANT_READ = 1  # Gateway.interest(ci): what a port waits for on a client socket
 WANT_WRITE = 2
 
+UBRB_JSON_DEPTH = 16  # deepest JSON nesting a client's control frame may have (qos: 2)
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
@@ -345,6 +345,66 @@ def encode_frame(op, payload):
 
 def encode_json_frame(op, obj):
     return encode_frame(op, json.dumps(obj).encode())
+
+
+class RateLog:
+    """Warnings at most once per `interval_ms` per key, each carrying the count of those it held
+    back: a client or peer that repeats a fault costs one log line a second, not a disk. Keys are
+    fixed strings chosen by the code (an ERROR code, "bad_record"), so the tables stay small."""
+
+    def __init__(self, log, interval_ms=1000):
+        self.log = log            # callable(level, message) or None
+        self.interval = interval_ms
+        self.last = {}            # key -> when it was last logged (ms)
+        self.held = {}            # key -> lines suppressed since
+
+    def warn(self, key, now, msg, level="warning"):
+        """Log `msg` unless `key` was logged less than interval_ms ago; True if logged."""
+        if self.log is None:
+            return False
+        t = self.last.get(key)
+        if t is not None and now - t < self.interval:
+            self.held[key] = self.held.get(key, 0) + 1
+            return False
+        self.last[key] = now
+        n = self.held.pop(key, 0)
+        if n:
+            msg = "%s (%d similar suppressed)" % (msg, n)
+        self.log(level, msg)
+        return True
+
+    def rebase(self, d):
+        for k in self.last:
+            self.last[k] -= d
+
+
+def json_depth_ok(b, limit):
+    """False if the JSON text `b` (bytes) nests arrays/objects deeper than `limit`."""
+    # MicroPython's json has no nesting limit (CPython's raises RecursionError, not ValueError):
+    # refuse deep input before parsing. Counting brackets is C speed and settles every
+    # well-formed record; only one with many brackets (e.g. inside strings) is scanned.
+    if b.count(b"{") + b.count(b"[") <= limit:
+        return True
+    d = 0
+    in_str = False
+    esc = False
+    for c in b:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 92:        # backslash
+                esc = True
+            elif c == 34:        # quote
+                in_str = False
+        elif c == 34:
+            in_str = True
+        elif c == 123 or c == 91:
+            d += 1
+            if d > limit:
+                return False
+        elif c == 125 or c == 93:
+            d -= 1
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -884,9 +944,6 @@ class ClientSession:
         self.err_id = [0] * 8
         self.err_ms = [0] * 8
         self.err_next = 0
-        self.err_log_ms = -1000  # ERROR log lines: this second's start, lines, lines skipped
-        self.err_log_n = 0
-        self.err_log_skipped = 0
         # counters
         self.rx_frames = 0
         self.tx_frames = 0
@@ -908,8 +965,6 @@ class ClientSession:
         self.host = None
         self.rx_start_ms = self.full_ms = -1
         self.backlog = False
-        self.err_log_ms = now - 1000
-        self.err_log_n = self.err_log_skipped = 0
         self.accepted_ms = self.last_rx_ms = now
         self.counts_dirty = False
         self.counts_sent_ms = now - SUB_COUNT_INTERVAL_MS
@@ -1009,6 +1064,7 @@ class Gateway:
         self.p = profile
         self.server = server
         self.log = log  # callable(level, message) or None
+        self.ratelog = RateLog(log)  # client-caused warnings: <= 1 line/s per ERROR code
         n = profile["max_clients"]
         self.clients = [ClientSession(i, profile, new_buffer) for i in range(n)]
         self.registry = Registry(profile["max_topics"])
@@ -1093,7 +1149,7 @@ class Gateway:
         self.stats["clients_rejected"] += 1
         self.refusal = "the gateway serves at most %d clients" % self.p["max_clients"]
         if peer is not None:
-            self._log("warning", "refusing %s: too many clients" % (peer,))
+            self.ratelog.warn("too_many_clients", now, "refusing %s: too many clients" % (peer,))
         return -1
 
     def reject_frame(self):
@@ -1181,7 +1237,8 @@ class Gateway:
         c = self.clients[ci]
         if c.state == S_FREE:
             return
-        self._log("info", "client %d (%s) closed: %s" % (ci, c.name or "?", reason or c.close_reason))
+        # Client-supplied strings are logged as repr: a name cannot forge a log line.
+        self._log("info", "client %d (%r) closed: %s" % (ci, c.name, reason or c.close_reason))
         for i in range(c.max_pubs):
             if c.pub_id[i] >= 0:
                 self._release(c, PUB, i)
@@ -1249,9 +1306,9 @@ class Gateway:
                 c.rx_start_ms -= d
             if c.full_ms >= 0:
                 c.full_ms -= d
-            c.err_log_ms -= d
             for k in range(len(c.err_ms)):
                 c.err_ms[k] -= d
+        self.ratelog.rebase(d)
 
     def next_deadline(self, now):
         """Milliseconds until tick() has work at the latest (for the port's poll timeout)."""
@@ -1331,8 +1388,11 @@ class Gateway:
             self._error(c, e.id, "protocol_error", str(e))
 
     def _json(self, buf, off, n):
+        b = bytes(memoryview(buf)[off : off + n])
+        if not json_depth_ok(b, UBRB_JSON_DEPTH):  # before json.loads: see json_depth_ok
+            raise ProtocolError("payload nests deeper than %d levels" % UBRB_JSON_DEPTH)
         try:
-            obj = json.loads(bytes(memoryview(buf)[off : off + n]))
+            obj = json.loads(b)
         except Exception:  # ValueError, UnicodeError: MicroPython and CPython raise different ones
             raise ProtocolError("payload is not valid JSON")
         if not isinstance(obj, dict):
@@ -1364,7 +1424,7 @@ class Gateway:
             {"protocol": PROTOCOL, "server": self.server, "ros_distro": self.ros_distro},
         )
         if first:
-            self._log("info", "client %d says HELLO: %s" % (c.index, c.name))
+            self._log("info", "client %d says HELLO: %r" % (c.index, c.name))
 
     def _on_register(self, c, kind, msg):
         id_ = _parse_id(msg)
@@ -1478,19 +1538,8 @@ class Gateway:
             self.stats["dropped_queue"] += 1
             return
         self.stats["errors_sent"] += 1
-        # At most ERROR_LOG_PER_S lines a second per client: a flood of bad frames is one
-        # client's problem, not a flood of the gateway's log.
-        if self.now - c.err_log_ms >= 1000:
-            if c.err_log_skipped:
-                self._log("warning", "client %d: %d more ERRORs not logged"
-                          % (c.index, c.err_log_skipped))
-            c.err_log_ms = self.now
-            c.err_log_n = c.err_log_skipped = 0
-        if c.err_log_n < ERROR_LOG_PER_S:
-            c.err_log_n += 1
-            self._log("warning", "client %d: ERROR %s (id %s): %s" % (c.index, code, id_, message))
-        else:
-            c.err_log_skipped += 1
+        self.ratelog.warn(code, self.now, "client %d: ERROR %s (id %s): %r"
+                          % (c.index, code, id_, message))
         self._send_json(c, OP_ERROR, {"id": id_, "code": code, "message": message})
 
     def _close(self, c, reason):
@@ -1520,7 +1569,7 @@ class Gateway:
         self.ros_ready = True
         self.ros_distro = distro or "unknown"
         self.ros_max_message = min(max_message, self.p["max_payload"])
-        self._log("info", "ROS side up (%s, messages up to %d bytes)" % (distro, max_message))
+        self._log("info", "ROS side up (%r, messages up to %d bytes)" % (distro, max_message))
         # Releases that happened while it was unreachable first (a resumed link session still
         # holds those entities), then every live registration: a restarted ROS side has nothing.
         for t in (self.pubs, self.subs):
@@ -2140,6 +2189,14 @@ LK_T_SUBCOUNT = 9
 LK_T_CHELLO = 10
 LK_T_STATS = 11
 LK_STATS_SLOT = 0xFFFF
+LK_T_BAD = 12       # either direction: "I rejected your record" (docs/LINK.md section 6)
+LK_JSON_MAX = 96 * 1024  # longest JSON record either end parses (a registration's topic: 64 KiB)
+LK_JSON_DEPTH = 4   # deepest JSON nesting a record may have (ADV/SUB: 2)
+LK_GEN_MAX = 0x3FFFFFFF  # registration generations are 1 ... 2**30-1 (small ints on MicroPython)
+LK_TEXT_MAX = 1024  # longest message / distro string taken from the peer
+LK_RESULT_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
+                   "link_congested", "resource_exhausted")
+LK_ERROR_CODES = ("message_too_large", "link_congested")
 
 
 def _lk_t8():
@@ -3333,22 +3390,83 @@ class LinkSession:
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------
 
-def link_record_json(buf, off, n):
-    """The JSON body of a control record (registrations, results, stats), or None if empty."""
-    if n == 0:
+def link_record_json(buf, off, n, max_len=LK_JSON_MAX):
+    """The JSON object of a control record, or None if it is not one: empty, longer than
+    `max_len`, nested deeper than LK_JSON_DEPTH, not UTF-8, not JSON, or not an object.
+    Never raises: every byte of it came from the peer."""
+    if n <= 0 or n > max_len:
         return None
-    return json.loads(bytes(buf[off:off + n]).decode())
+    b = bytes(buf[off:off + n])
+    if not json_depth_ok(b, LK_JSON_DEPTH):
+        return None
+    try:
+        d = json.loads(b.decode())
+    except Exception:    # ValueError, UnicodeError, RecursionError: CPython and MicroPython differ
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def link_record_body(obj):
     return json.dumps(obj).encode()
 
 
+def link_text(d, key, max_len, required=True):
+    """d[key] if it is a str of at most max_len characters that encodes as UTF-8 (JSON may
+    carry lone surrogates), None if absent and not required; raises ValueError otherwise."""
+    v = d.get(key)
+    if v is None and not required:
+        return None
+    if not isinstance(v, str) or len(v) > max_len:
+        raise ValueError("%r must be a string of at most %d characters" % (key, max_len))
+    try:
+        v.encode()
+    except Exception:
+        raise ValueError("%r is not valid UTF-8" % (key,))
+    return v
+
+
+def link_gen(d):
+    """The registration generation of a record (1 ... LK_GEN_MAX); raises ValueError."""
+    g = d.get("gen")
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1 or g > LK_GEN_MAX:
+        raise ValueError("'gen' must be an integer from 1 to %d" % LK_GEN_MAX)
+    return g
+
+
+def link_bad_record(end, t, slot, why):
+    """What either end does with a record it cannot use: count it, log it (rate-limited,
+    escaped), and answer a BAD record naming it. A BAD record is never answered."""
+    end.c_bad += 1
+    end.ratelog.warn("bad_record", end.s.now, "bad link record from the peer (type %d, slot %d): %r"
+                     % (t, slot, why))
+    if t == LK_T_BAD:
+        return
+    b = link_record_body({"type": t, "slot": slot, "message": why[:200]})
+    if end.s.send(LK_T_BAD, 0, b, 0, len(b), True, True) != LK_OK:
+        end.c_bad_unsent += 1
+
+
+def link_peer_rejected(end, slot, buf, off, n):
+    """The peer rejected one of our records (LK_T_BAD): a bug on one side; count and log it.
+    Returns the BAD record's JSON object (None if unreadable)."""
+    end.c_rejected += 1
+    d = link_record_json(buf, off, n, 8 * LK_TEXT_MAX)
+    end.ratelog.warn("rejected", end.s.now, "the peer rejected a link record: %r"
+                     % (d if d is not None else "(unreadable)",))
+    return d
+
+
 class LinkRosPort:
     """Gateway end: RosPort calls become link records; companion records
-    become GatewaySink calls on self.sink."""
+    become GatewaySink calls on self.sink.
 
-    def __init__(self, session):
+    Every registration record carries a generation (`gen`) that the companion echoes in its
+    answers (RESULT, ERROR, SUBCOUNT); an answer whose generation is not the slot's live one is
+    late - about a registration since released - and is dropped, so it cannot land on the
+    next owner of the slot. MSG records of a subscription slot pass only once the companion has
+    accepted the live generation: older ones precede that RESULT on the reliable stream."""
+
+    def __init__(self, session, log=None):
         self.s = session
         session.handler = self
         self.sink = None
@@ -3359,24 +3477,84 @@ class LinkRosPort:
         self.reset_seen = 0           # the session's rel_reset_bytes at the last link_up
         self.c_congested = 0
         self.c_too_large = 0
+        self.c_bad = 0            # records from the companion that could not be used
+        self.c_bad_unsent = 0     # BAD answers the send ring had no room for
+        self.c_rejected = 0       # our records the companion rejected
+        self.c_stale = 0          # answers/messages for a registration that is gone
+        self.c_reg_failed = 0     # registrations the link could not carry (answered with ERROR)
+        self.c_release_retry = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
+        self.gens = {}            # slot*2 + is_sub -> live generation; negative until accepted
+        self.next_gen = 1
+        self.unreleased = {}      # slot*2 + is_sub -> True: a release still owed (send failed)
+        self._log = log
+        self.ratelog = RateLog(self._logger)
+
+    def _logger(self, level, msg):
+        # Bad records go to the port's logger if given, else to the Gateway's.
+        f = self._log if self._log is not None else getattr(self.sink, "log", None)
+        if f is not None:
+            f(level, msg)
 
     def _ctl(self, t, slot, obj):
         b = link_record_body(obj) if obj is not None else b""
         return self.s.send(t, slot, b, 0, len(b), True, True)
 
+    def _register(self, t, sub, slot, topic, type, qos):
+        self._retry_releases()
+        key = slot * 2 + sub
+        self.unreleased.pop(key, None)     # the new registration replaces it on the companion
+        g = self.gens.get(key)
+        if g is None:                      # a new registration; else re-sent after ros_up
+            g = self.next_gen
+            self.next_gen = 1 if g >= LK_GEN_MAX else g + 1
+            self.gens[key] = -g
+        elif g < 0:
+            g = -g
+        r = self._ctl(t, slot, {"topic": topic, "type": type, "qos": qos, "gen": g})
+        if r == LK_OK or r == LK_DOWN:     # down: ros_up hands every registration over again
+            return
+        # Never silently lost: the clients on the slot get an ERROR and their registrations end.
+        self.c_reg_failed += 1
+        self.gens.pop(key, None)
+        if r == LK_TOO_LARGE:
+            code = "invalid_topic"
+            msg = "registration of %r is too large for the link (at most %d bytes)" % (
+                topic[:64], self.s.max_send())
+        else:
+            code = "link_congested"
+            msg = "link send buffer full; registration not sent, try again"
+        if self.sink is not None:
+            self.sink.ros_result("sub" if sub else "pub", slot, code, msg)
+
+    def _release(self, t, sub, slot):
+        key = slot * 2 + sub
+        self.gens.pop(key, None)
+        if self._ctl(t, slot, None) not in (LK_OK, LK_DOWN):
+            self.unreleased[key] = True    # retried at the next registration or stats record
+
+    def _retry_releases(self):
+        if not self.unreleased:
+            return
+        for key in list(self.unreleased):
+            t = LK_T_UNSUB if key & 1 else LK_T_UNADV
+            if self._ctl(t, key >> 1, None) != LK_OK:
+                return
+            self.c_release_retry += 1
+            del self.unreleased[key]
+
     # RosPort
     def advertise(self, slot, topic, type, qos):
-        self._ctl(LK_T_ADV, slot, {"topic": topic, "type": type, "qos": qos})
+        self._register(LK_T_ADV, 0, slot, topic, type, qos)
 
     def unadvertise(self, slot):
-        self._ctl(LK_T_UNADV, slot, None)
+        self._release(LK_T_UNADV, 0, slot)
 
     def subscribe(self, slot, topic, type, qos):
-        self._ctl(LK_T_SUB, slot, {"topic": topic, "type": type, "qos": qos})
+        self._register(LK_T_SUB, 1, slot, topic, type, qos)
 
     def unsubscribe(self, slot):
-        self._ctl(LK_T_UNSUB, slot, None)
+        self._release(LK_T_UNSUB, 1, slot)
 
     def max_message(self):
         return self.s.max_send()
@@ -3403,6 +3581,7 @@ class LinkRosPort:
                                         "link send buffer full; reliable message dropped")
 
     def send_stats(self, d):
+        self._retry_releases()
         b = link_record_body(d)
         return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
 
@@ -3411,11 +3590,16 @@ class LinkRosPort:
         self.s.rebase(d)
         for k in self._rep:
             self._rep[k] -= d
+        self.ratelog.rebase(d)
 
     def counters(self):
         d = self.s.counters()
         d["pub_congested"] = self.c_congested
         d["pub_too_large"] = self.c_too_large
+        d["bad_records"] = self.c_bad
+        d["rejected_records"] = self.c_rejected
+        d["stale_answers"] = self.c_stale
+        d["reg_failed"] = self.c_reg_failed
         return d
 
     # link handler
@@ -3438,22 +3622,88 @@ class LinkRosPort:
 
     def link_message(self, t, slot, buf, off, n, reliable):
         sink = self.sink
-        if t == LK_T_MSG:
-            if sink is not None:
+        if t == LK_T_MSG:                  # the data path: no allocation, no try block
+            g = self.gens.get(slot * 2 + 1)
+            if g is None or g < 0:
+                self.c_stale += 1          # not (yet) accepted, or released since
+            elif sink is not None:
                 sink.ros_message(slot, buf, off, n)
-        elif t == LK_T_SUBCOUNT:
-            if sink is not None and n >= 4:
-                sink.ros_sub_count(slot, buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16))
-        elif t == LK_T_CHELLO:
-            d = link_record_json(buf, off, n) or {}
-            self.distro = d.get("distro")
-            self.ros_is_up = True
+            return
+        try:
+            why = self._control(t, slot, buf, off, n)
+        except Exception as e:             # a bug must cost one record, never the gateway
+            why = "%s: %s" % (type(e).__name__, e)
+        if why is not None:
+            link_bad_record(self, t, slot, why)
+
+    def _control(self, t, slot, buf, off, n):
+        # One control record from the companion: None when used, else why it was not.
+        sink = self.sink
+        if t == LK_T_SUBCOUNT:
+            if n != 8 or buf[off + 3] >= 0x40 or buf[off + 7] >= 0x40:
+                return "SUBCOUNT must be count u32 + gen u32, each below 2**30"
+            if self._current(slot * 2, get_u32(buf, off + 4)) and sink is not None:
+                sink.ros_sub_count(slot, get_u32(buf, off))
+            return None
+        if t == LK_T_BAD:
+            d = link_peer_rejected(self, slot, buf, off, n)
+            # A registration the companion could not read gets no RESULT: end it here, with an
+            # ERROR to its clients, rather than leave them waiting.
+            rt = d.get("type") if d is not None else None
+            rs = d.get("slot") if d is not None else None
+            if (rt == LK_T_ADV or rt == LK_T_SUB) and isinstance(rs, int) \
+                    and not isinstance(rs, bool) and 0 <= rs < (1 << 21):
+                kind = "sub" if rt == LK_T_SUB else "pub"
+                if self.gens.pop(rs * 2 + (1 if kind == "sub" else 0), 0) < 0 and sink is not None:
+                    sink.ros_result(kind, rs, "protocol_error", "the ROS side could not read "
+                                    "the registration: %s" % (link_text(d, "message", LK_TEXT_MAX,
+                                                                        False) or "?",))
+            return None
+        # Answers are short: their message is at most LK_TEXT_MAX characters, 6 bytes each
+        # as JSON escapes at worst, so 8 KiB bounds the parse (and the work) per record.
+        d = link_record_json(buf, off, n, 8 * LK_TEXT_MAX)
+        if d is None:
+            return "not a JSON object of at most %d bytes and depth %d" % (8 * LK_TEXT_MAX,
+                                                                           LK_JSON_DEPTH)
+        try:
+            if t == LK_T_CHELLO:
+                self.distro = link_text(d, "distro", 64, False)
+                self.ros_is_up = True
+                if sink is not None:
+                    sink.ros_up(self.distro, self.max_message())
+                return None
+            if t != LK_T_RESULT and t != LK_T_ERROR:
+                return "unknown record type"
+            kind = d.get("kind")
+            if kind != "pub" and kind != "sub":
+                return "'kind' must be \"pub\" or \"sub\""
+            code = d.get("code")
+            if t == LK_T_RESULT and code is not None and code not in LK_RESULT_CODES:
+                return "RESULT code must be null or one of %s" % (LK_RESULT_CODES,)
+            if t == LK_T_ERROR and code not in LK_ERROR_CODES:
+                return "ERROR code must be one of %s" % (LK_ERROR_CODES,)
+            msg = link_text(d, "message", LK_TEXT_MAX, False) or ""
+            key = slot * 2 + (1 if kind == "sub" else 0)
+            g = link_gen(d)
+        except ValueError as e:
+            return str(e)
+        if not self._current(key, g):
+            return None
+        if t == LK_T_RESULT:
+            if code is None:
+                self.gens[key] = g         # accepted: its messages may pass
+            else:
+                self.gens.pop(key, None)   # refused: the slot's registrations end now
             if sink is not None:
-                sink.ros_up(self.distro, self.max_message())
-        elif t == LK_T_RESULT or t == LK_T_ERROR:
-            d = link_record_json(buf, off, n) or {}
-            if sink is not None:
-                f = sink.ros_result if t == LK_T_RESULT else sink.ros_error
-                f(d.get("kind"), slot, d.get("code"), d.get("message"))
-        else:
-            self.s.c_proto += 1
+                sink.ros_result(kind, slot, code, msg)
+        elif sink is not None:
+            sink.ros_error(kind, slot, code, msg)
+        return None
+
+    def _current(self, key, g):
+        # Is `g` the live generation of registration `key`? A late answer is counted, not used.
+        live = self.gens.get(key)
+        if live is not None and (live == g or live == -g):
+            return True
+        self.c_stale += 1
+        return False

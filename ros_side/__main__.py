@@ -52,7 +52,7 @@ _use_source_tree()
 import ubrb_min as core  # noqa: E402
 from ubrb_host import cli as host_cli  # noqa: E402
 from ubrb_host import link as host_link  # noqa: E402
-from ubrb_host.loop import GatewayServer, mapped_buffer  # noqa: E402
+from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
 
 from .link_end import LinkCompanionEnd  # noqa: E402
 
@@ -196,7 +196,7 @@ def run_link(args: argparse.Namespace) -> int:
             args.link, False, max_message, baud=args.baud, mtu=args.link_mtu,
             key=host_cli.link_key(args),
         )
-        end = LinkCompanionEnd(session, companion)
+        end = LinkCompanionEnd(session, companion, log=host_cli.make_logger("ros_side"))
     except (OSError, RuntimeError, ValueError) as e:
         companion.close()
         raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
@@ -233,13 +233,15 @@ def run_link(args: argparse.Namespace) -> int:
             for key, _ in sel.select(0.02):
                 now = now_ms()
                 if key.data == "link":
-                    driver.on_readable(now)
+                    contained("handling link input", driver.on_readable, now)
                 else:
-                    companion.poll(now)
+                    contained("companion poll", companion.poll, now)
             now = now_ms()
-            companion.poll(now)
-            driver.tick(now)
-            driver.flush(now)
+            contained("companion poll", companion.poll, now)
+            contained("link timers", driver.tick, now)
+            if end.owed:
+                contained("answers owed", end.retry_answers)
+            contained("link output", driver.flush, now)
             watch.check(now)
             if now - last_stats >= STATS_PERIOD_MS:
                 last_stats = now

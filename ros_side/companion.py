@@ -68,6 +68,23 @@ def _mib(n):
     return "%.1f MiB" % (n / 1048576.0)
 
 
+def _warn_at(level, msg):
+    log.warning("%s", msg)
+
+
+# Warnings a gateway's traffic can repeat (one per message): at most one line a second per kind,
+# with the count of those held back. Topic and type names come from UBRB clients: logged as repr.
+_repeated = None
+
+
+def _warn(key, msg):
+    global _repeated
+    if _repeated is None:
+        from ubrb_min import RateLog   # the core's; imported late (direct mode loads it anyway)
+        _repeated = RateLog(_warn_at)
+    _repeated.warn(key, int(time.monotonic() * 1000), msg)
+
+
 class _Entity:
     __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
@@ -199,7 +216,7 @@ class Companion:
             self.backend.publish(ent.handle, data)
         except Exception as e:
             self.stats["pub_errors"] += 1
-            log.warning("publish on %s failed: %s", ent.topic, e)
+            _warn("publish", "publish on %r failed: %s" % (ent.topic, e))
             return
         ent.msgs += 1
         ent.bytes += n
@@ -287,7 +304,7 @@ class Companion:
                 self._result(kind, slot, e.code, e.message)
                 return
             except Exception as e:  # a backend that failed to load the type
-                log.exception("creating %s %s %s failed", kind, topic, ros_type)
+                log.exception("creating %s %r %r failed", kind, topic, ros_type)
                 self._result(kind, slot, "unknown_type", "%s: failed to load: %s" % (ros_type, e))
                 return
             same_kind[topic] = ent
@@ -350,7 +367,7 @@ class Companion:
             else:
                 self.backend.destroy_subscription(handle)
         except Exception:
-            log.exception("releasing %s %s failed", kind, ent.topic)
+            log.exception("releasing %s %r failed", kind, ent.topic)
 
     # -- backend thread -> loop thread ---------------------------------------------------------
     def _callback_for(self, ent):

@@ -7,10 +7,17 @@
 #
 # Written in the core's dialect (no annotations, %-formatting) because the MicroPython tests run
 # it too: tests/core/mp_fakes.py puts a real companion end opposite the MicroPython port.
-import json
 import struct
 
 import ubrb_min as L
+
+
+def _short(message):
+    # A message quotes what it is about (a 60 KiB topic name, say): the gateway takes at most
+    # LK_TEXT_MAX characters, so longer ones are cut here rather than refused there.
+    if isinstance(message, str) and len(message) > L.LK_TEXT_MAX:
+        return message[:L.LK_TEXT_MAX - 3] + "..."
+    return message
 
 
 class LinkCompanionEnd:
@@ -18,11 +25,11 @@ class LinkCompanionEnd:
     object is the companion's GatewaySink (not thread-safe: call it from the
     loop that drives the session)."""
 
-    def __init__(self, session, companion):
+    def __init__(self, session, companion, log=None):
         self.s = session
         session.handler = self
         self.companion = companion
-        self.regs = {}        # key (slot*2 + is_sub) -> registration body (bytes)
+        self.regs = {}        # key (slot*2 + is_sub) -> [topic, type, qos, gen] of the live one
         self.results = {}     # key -> (code, message) of the last ros_result
         self.sub_rel = {}     # sub slot -> reliable?
         self.had = False
@@ -30,7 +37,15 @@ class LinkCompanionEnd:
         self.c_congested = 0
         self.c_too_large = 0
         self.down_at = -1     # when the link went down (ms); -1 while up or already expired
-        self._cnt = bytearray(4)
+        self._cnt = bytearray(8)
+        self.c_bad = 0        # records from the gateway that could not be used
+        self.c_bad_unsent = 0
+        self.c_rejected = 0   # our records the gateway rejected
+        self.ratelog = L.RateLog(log)
+        # Answers (RESULT) the send ring had no room for: key -> the record, re-sent by
+        # retry_answers(). Without its RESULT the gateway would wait for ever.
+        self.owed = {}
+        self.c_answer_retry = 0
 
     def _ctl(self, t, slot, obj):
         b = L.link_record_body(obj) if obj is not None else b""
@@ -45,6 +60,7 @@ class LinkCompanionEnd:
             self.regs.clear()
             self.results.clear()
             self.sub_rel.clear()
+            self.owed.clear()
         self.had = True
         f = getattr(self.companion, "set_max_message", None)
         if f is not None:
@@ -70,35 +86,60 @@ class LinkCompanionEnd:
         return True
 
     def link_message(self, t, slot, buf, off, n, reliable):
-        c = self.companion
         if t == L.LK_T_PUB:
-            c.publish(slot, buf, off, n, reliable)
-        elif t == L.LK_T_ADV or t == L.LK_T_SUB:
+            self.companion.publish(slot, buf, off, n, reliable)
+            return
+        if self.owed:
+            self.retry_answers()
+        try:
+            why = self._control(t, slot, buf, off, n)
+        except Exception as e:    # a bug must cost one record, never the companion
+            why = "%s: %s" % (type(e).__name__, e)
+        if why is not None:
+            L.link_bad_record(self, t, slot, why)
+
+    def _control(self, t, slot, buf, off, n):
+        # One control record from the gateway: None when used, else why it was not.
+        c = self.companion
+        if t == L.LK_T_ADV or t == L.LK_T_SUB:
+            d = L.link_record_json(buf, off, n)
+            if d is None:
+                return "not a JSON object of at most %d bytes and depth %d" % (
+                    L.LK_JSON_MAX, L.LK_JSON_DEPTH)
+            try:
+                topic = L.link_text(d, "topic", L.LK_JSON_MAX)
+                type_ = L.link_text(d, "type", L.LK_JSON_MAX)
+                gen = L.link_gen(d)
+            except ValueError as e:
+                return str(e)
+            qos = d.get("qos")
+            if qos is not None and not isinstance(qos, dict):
+                return "'qos' must be an object or null"
             sub = 1 if t == L.LK_T_SUB else 0
             key = slot * 2 + sub
-            body = bytes(buf[off:off + n])
             old = self.regs.get(key)
-            if old == body:
-                # re-sent after a resumed session: answer from the cache
+            if old is not None and old[0] == topic and old[1] == type_ and old[2] == qos:
+                # re-sent after a resumed session, or after a lost release: answer from the cache
+                old[3] = gen
                 r = self.results.get(key)
                 if r is not None:
                     self._ctl(L.LK_T_RESULT, slot, {"kind": "sub" if sub else "pub",
-                                                  "code": r[0], "message": r[1]})
-                return
+                                                  "code": r[0], "message": r[1], "gen": gen})
+                return None
             if old is not None:
                 if sub:
                     c.unsubscribe(slot)
                 else:
                     c.unadvertise(slot)
                 self.results.pop(key, None)
-            self.regs[key] = body
-            d = json.loads(body.decode())
+            # Set before the call: the companion answers (ros_result) with this generation.
+            self.regs[key] = [topic, type_, qos, gen]
             if sub:
-                q = d.get("qos") or {}
+                q = qos or {}
                 self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
-                c.subscribe(slot, d["topic"], d["type"], d.get("qos"))
+                c.subscribe(slot, topic, type_, qos)
             else:
-                c.advertise(slot, d["topic"], d["type"], d.get("qos"))
+                c.advertise(slot, topic, type_, qos)
         elif t == L.LK_T_UNADV or t == L.LK_T_UNSUB:
             sub = 1 if t == L.LK_T_UNSUB else 0
             key = slot * 2 + sub
@@ -110,11 +151,23 @@ class LinkCompanionEnd:
                 else:
                     c.unadvertise(slot)
         elif t == L.LK_T_STATS:
+            d = L.link_record_json(buf, off, n)
+            if d is None:
+                return "STATS must be a JSON object"
             f = getattr(c, "gateway_stats", None)
             if f is not None:
-                f(L.link_record_json(buf, off, n))
+                f(d)
+        elif t == L.LK_T_BAD:
+            L.link_peer_rejected(self, slot, buf, off, n)
         else:
-            self.s.c_proto += 1
+            return "unknown record type"
+        return None
+
+    def _gen(self, kind, slot):
+        # The generation of the live registration an answer is about (0: none, the gateway
+        # drops the answer as late).
+        r = self.regs.get(slot * 2 + (1 if kind == "sub" else 0))
+        return r[3] if r is not None else 0
 
     # GatewaySink
     def ros_up(self, distro, max_message):
@@ -127,13 +180,26 @@ class LinkCompanionEnd:
         key = slot * 2 + (1 if kind == "sub" else 0)
         if code is None:
             self.results[key] = (code, message)
-        else:
+        gen = self._gen(kind, slot)
+        if code is not None:
             self.regs.pop(key, None)       # the gateway drops failed registrations
             self.results.pop(key, None)
-        self._ctl(L.LK_T_RESULT, slot, {"kind": kind, "code": code, "message": message})
+        rec = {"kind": kind, "code": code, "message": _short(message), "gen": gen}
+        self.owed.pop(key, None)           # a newer answer replaces one still owed
+        if self._ctl(L.LK_T_RESULT, slot, rec) == L.LK_FULL:
+            self.owed[key] = rec
+
+    def retry_answers(self):
+        """Send the answers the ring had no room for (call it from the loop, often)."""
+        for key in list(self.owed):
+            if self._ctl(L.LK_T_RESULT, key >> 1, self.owed[key]) != L.LK_OK:
+                return
+            del self.owed[key]
+            self.c_answer_retry += 1
 
     def ros_error(self, kind, slot, code, message):
-        self._ctl(L.LK_T_ERROR, slot, {"kind": kind, "code": code, "message": message})
+        self._ctl(L.LK_T_ERROR, slot, {"kind": kind, "code": code, "message": _short(message),
+                                       "gen": self._gen(kind, slot)})
 
     def ros_message(self, slot, buf, off, n):
         rel = self.sub_rel.get(slot, True)
@@ -158,8 +224,8 @@ class LinkCompanionEnd:
 
     def ros_sub_count(self, slot, count):
         b = self._cnt
-        struct.pack_into("<I", b, 0, count)
-        self.s.send(L.LK_T_SUBCOUNT, slot, b, 0, 4, True, True)
+        struct.pack_into("<II", b, 0, count, self._gen("pub", slot))
+        self.s.send(L.LK_T_SUBCOUNT, slot, b, 0, 8, True, True)
 
     def rebase(self, d):
         """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
@@ -168,9 +234,12 @@ class LinkCompanionEnd:
             self._rep[k] -= d
         if self.down_at >= 0:
             self.down_at -= d
+        self.ratelog.rebase(d)
 
     def counters(self):
         d = self.s.counters()
         d["msg_congested"] = self.c_congested
         d["msg_too_large"] = self.c_too_large
+        d["bad_records"] = self.c_bad
+        d["rejected_records"] = self.c_rejected
         return d

@@ -365,13 +365,13 @@ class Demo:
         self.ok(t0, "companion", "pid %d" % comp.pid)
 
         t0 = self.step("waiting for the companion link")
-        m = self.wait_log(gw, r"ROS side up \((\w+)", "link to the companion", TIMEOUTS["link"])
+        m = self.wait_log(gw, r"ROS side up \('(\w+)'", "link to the companion", TIMEOUTS["link"])
         self.ok(t0, "link", "ROS 2 %s" % m.group(1))
 
         t0 = self.step("starting simulated robot (ubrb_client sim)")
         sim = self.spawn("sim", [py, "-m", "ubrb_client", "sim", "--server",
                                  "%s:%d" % (HOST, a.gw_port)])
-        self.wait_log(gw, r"says HELLO: ubrb_sim", "the sim connecting to the gateway",
+        self.wait_log(gw, r"says HELLO: 'ubrb_sim'", "the sim connecting to the gateway",
                       TIMEOUTS["sim"])
         self.ok(t0, "sim", "pid %d, connected" % sim.pid)
 

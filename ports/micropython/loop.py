@@ -104,6 +104,8 @@ class Log:
 
     def __call__(self, level, msg):
         if LEVELS.get(level, 20) >= self.threshold:
+            if "\n" in msg or "\r" in msg:   # one record, one line: nothing forges a line
+                msg = msg.replace("\n", "\\n").replace("\r", "\\r")
             if self.out is not None:
                 self.out(level, msg)
             else:
@@ -130,6 +132,7 @@ class GatewayLoop:
         self.ros = ros  # LinkRosPort (send_stats) or None
         self.io = io if io is not None else default_io()
         self.log = log if log is not None else Log()
+        self.faults = core.RateLog(self.log)
         sk = self.io.socket
         sel = self.io.select
         self.POLLIN = sel.POLLIN
@@ -189,6 +192,14 @@ class GatewayLoop:
             self.close()
 
     def step(self):
+        """One poll round. Never raises: an unexpected exception in one event costs that event
+        (see _contained); one in the timers or the output costs the rest of this round."""
+        try:
+            self._step()
+        except Exception as e:
+            self._contained(e, -1, self.clock.ms())
+
+    def _step(self):
         gw = self.gw
         link = self.link
         now = self.clock.ms()
@@ -231,19 +242,10 @@ class GatewayLoop:
         now = self.clock.ms()
         for j in range(k):
             who = self.ev_who[j]
-            bits = self.ev_bits[j]
-            if who == 0:
-                self._accept(now)
-            elif who == 1:
-                link.on_readable(now)
-            else:
-                ci = who - 2
-                if bits & (self.POLLIN | self.POLLBAD):
-                    self._read(ci, now)
-                if bits & self.POLLBAD and socks[ci] is not None:
-                    self._drop(ci, "connection lost (poll: hang-up or error)")
-                if bits & self.POLLOUT and socks[ci] is not None:
-                    self._write(ci)
+            try:
+                self._event(who, self.ev_bits[j], now)
+            except Exception as e:   # one bad event is dropped; the gateway serves on
+                self._contained(e, who, now)
         if link is not None and link.polled:
             link.on_readable(now)
         if backlog:
@@ -269,12 +271,41 @@ class GatewayLoop:
             if socks[ci] is not None:
                 self._sync(ci)
 
+    def _event(self, who, bits, now):
+        socks = self.socks
+        if who == 0:
+            self._accept(now)
+        elif who == 1:
+            self.link.on_readable(now)
+        else:
+            ci = who - 2
+            if bits & (self.POLLIN | self.POLLBAD):
+                self._read(ci, now)
+            if bits & self.POLLBAD and socks[ci] is not None:
+                self._drop(ci, "connection lost (poll: hang-up or error)")
+            if bits & self.POLLOUT and socks[ci] is not None:
+                self._write(ci)
+
+    def _contained(self, e, who, now):
+        """An unexpected exception in one event (who: 0 listen, 1 link, 2+ client) or in the
+        timers (-1): log it (rate-limited), drop that event, close the client it came from."""
+        what = "timers" if who < 0 else ("accept" if who == 0 else
+                                         ("link" if who == 1 else "client %d" % (who - 2)))
+        self.faults.warn(what, now, "unexpected error in %s: %s: %r; event dropped, serving on"
+                         % (what, type(e).__name__, str(e)[:300]), "error")
+        if who >= 2 and self.socks[who - 2] is not None:
+            try:
+                self._drop(who - 2, "internal error")
+            except Exception:
+                self.socks[who - 2] = None
+
     def rebase(self, d):
         """Move the clock and every stored time `d` ms back, so times stay small ints (ints
         >= 2**30 are heap objects on 32-bit boards). Returns the new now."""
         self.clock.now -= d
         self.accept_at -= d
         self.stats_at -= d
+        self.faults.rebase(d)
         self.gw.rebase(d)
         if self.ros is not None:
             self.ros.rebase(d)  # the link session's times too

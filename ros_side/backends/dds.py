@@ -530,6 +530,6 @@ class DdsBackend:
                         sub.callback(data)
                     except Exception:  # a callback must never kill the thread
                         self.callback_errors += 1
-                        log.exception("subscription callback failed on %s", sub.topic)
+                        log.exception("subscription callback failed on %r", sub.topic)
             if len(got) < _TAKE_BATCH:
                 return

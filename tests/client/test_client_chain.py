@@ -346,9 +346,9 @@ def test_queue_bound_while_gateway_down(chain: Chain, dds: DdsBackend) -> None:
         gw = chain.gateway = chain.start_gateway()
         chain.wait_ros_up(gw)
         assert wait_for(lambda: c.stats["connects"] == 2 and c.connected, 10), c.stats
-        gw.wait_line(r"says HELLO: chain_bound", 5)
+        gw.wait_line(r"says HELLO: 'chain_bound'", 5)
         log = gw.text()
-        assert log.index("ROS side up") < log.index("says HELLO: chain_bound"), (
+        assert log.index("ROS side up") < log.index("says HELLO: 'chain_bound'"), (
             "precondition: the client came back before the new gateway's link was up\n" + log)
         assert wait_for(lambda: c.stats["queued_bytes"] == 0, 5)
         assert pub.publish(string_cdr("q 100"))           # after the replay, on the new session

@@ -140,11 +140,26 @@ def profiles_help() -> str:
     return "\n".join(lines)
 
 
+# Control characters (and Unicode line breaks) a message may carry from a client or the peer,
+# escaped so that one record is always one line: nobody can forge a log line.
+_ESCAPES = {c: "\\x%02x" % c for c in list(range(32)) + [0x7F, 0x85] if c != 9}
+_ESCAPES.update({10: "\\n", 13: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+class OneLineFormatter(logging.Formatter):
+    """The message of every record on one line, whatever it carries (a traceback, logged at
+    debug level only, still follows on its own lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_ESCAPES)
+        return super().formatMessage(record)
+
+
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=getattr(logging, level.upper()))
+    fmt = OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for h in logging.getLogger().handlers:
+        h.setFormatter(fmt)
 
 
 def load_profile(args: argparse.Namespace, prog: str) -> Optional[Dict[str, int]]:
@@ -165,12 +180,15 @@ def log_budget(name: str, profile: Dict[str, int], link: Optional[Dict[str, int]
         log.info(line)
 
 
-def make_logger() -> Callable[[str, str], None]:
-    """The core's log callable(level, message), onto the logging module."""
-    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+def make_logger(name: Optional[str] = None) -> Callable[[str, str], None]:
+    """The core's log callable(level, message), onto the logging module (logger `name`, default
+    the gateway's)."""
+    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR}
+    to = logging.getLogger(name) if name else log
 
     def emit(level: str, msg: str) -> None:
-        log.log(levels.get(level, logging.INFO), msg)
+        to.log(levels.get(level, logging.INFO), "%s", msg)
 
     return emit
 

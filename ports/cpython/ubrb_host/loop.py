@@ -36,6 +36,29 @@ def mapped_buffer(n: int) -> Any:
     return mmap.mmap(-1, n) if n >= 1 << 20 else bytearray(n)
 
 
+def _log_at(level: str, msg: str) -> None:
+    log.log(logging.ERROR if level == "error" else logging.WARNING, msg)
+
+
+# One rate limit for every contained fault of this process: a bug that fires on every event
+# costs one line a second (with the count of those held back), never a full disk.
+_faults = core.RateLog(_log_at)
+
+
+def contained(what: str, fn: Callable[..., Any], *args: Any) -> bool:
+    """fn(*args), containing any unexpected exception: it is logged with `what` as context
+    (rate-limited; the traceback at debug level), that one event is dropped, and the loop keeps
+    serving. True if fn returned normally. A bridge may never crash on one bad event."""
+    try:
+        fn(*args)
+        return True
+    except Exception as e:
+        log.debug("unexpected error in %s", what, exc_info=True)
+        _faults.warn(what, now_ms(), "unexpected error in %s: %s: %r; event dropped, serving on"
+                     % (what, type(e).__name__, str(e)[:300]), "error")
+        return False
+
+
 class GatewayServer:
     """Selectors loop: a listening socket, client sockets, and optionally a link driver."""
 
@@ -93,24 +116,23 @@ class GatewayServer:
             kind, ci = key.data
             now = now_ms()
             if kind == "listen":
-                self._accept(now)
+                contained("accepting a client", self._accept, now)
             elif kind == "link":
-                self.link.on_readable(now)
-            else:
-                if events & selectors.EVENT_READ:
-                    self._read(ci, now)
-                if events & selectors.EVENT_WRITE and self.socks[ci] is not None:
-                    self._write(ci)
+                contained("handling link input", self.link.on_readable, now)
+            elif not contained("serving client %d" % ci, self._client_event, ci, events, now):
+                contained("closing client %d" % ci, self._drop, ci, "internal error")
         for ci in backlog:  # their next slice of frames, readable or not
-            self._read(ci, now_ms())
+            if self.socks[ci] is not None and not contained("serving client %d" % ci, self._read,
+                                                            ci, now_ms()):
+                contained("closing client %d" % ci, self._drop, ci, "internal error")
         now = now_ms()
-        self.gw.tick(now)
+        contained("gateway timers", self.gw.tick, now)
         if self.refused:
-            self._drain_refused()
+            contained("refused connections", self._drain_refused)
         if self.link is not None:
-            self.link.tick(now)
+            contained("link timers", self.link.tick, now)
             self._sync_link_fd()
-            self.link.flush(now)
+            contained("link output", self.link.flush, now)
         for ci, s in enumerate(self.socks):
             if s is None:
                 continue
@@ -121,6 +143,12 @@ class GatewayServer:
                 self._write(ci)
             if self.socks[ci] is not None:
                 self._sync_client(ci)
+
+    def _client_event(self, ci: int, events: int, now: int) -> None:
+        if events & selectors.EVENT_READ:
+            self._read(ci, now)
+        if events & selectors.EVENT_WRITE and self.socks[ci] is not None:
+            self._write(ci)
 
     def _sync_link_fd(self) -> None:
         # A serial device may be re-opened under a new descriptor after an unplug.
