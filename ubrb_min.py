@@ -1044,16 +1044,16 @@ class Gateway:
         self.publishing = -1
 
     def _on_control(self, c, op, buf, off, n):
+        if op == OP_HELLO:
+            self._on_hello(c, buf, off, n)
+            return
+        if c.state != S_READY:  # the spec's rule has no exception: a PING before HELLO too
+            self._error(c, None, "hello_required", "op %d before HELLO" % op)
+            return
         if op == OP_PING:
             self._send(c, OP_PONG, b"")
             return
         if op == OP_PONG:
-            return
-        if op == OP_HELLO:
-            self._on_hello(c, buf, off, n)
-            return
-        if c.state != S_READY:
-            self._error(c, None, "hello_required", "op %d before HELLO" % op)
             return
         try:
             msg = self._json(buf, off, n)
