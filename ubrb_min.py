@@ -29,7 +29,7 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
     def _launch():
         try:
             if sys.implementation.name == "micropython":
-                from ports.micropython.gateway import main
+                from ports.micropython.run import main
             else:
                 import os
 

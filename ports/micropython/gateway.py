@@ -156,6 +156,7 @@ def start(opts, io=None, log=None):
     if kind != "none":
         sizes = core.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
     gc.collect()
+    budget = core.memory_budget(profile, sizes)["total"]
     for line in core.format_budget(opts["profile"], profile, sizes).splitlines():
         log("info", line)
     ssid = opts["wifi_ssid"]
@@ -175,40 +176,50 @@ def start(opts, io=None, log=None):
     gw = core.Gateway(profile, ros=ros, log=log)
     loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,
                        stats_ms=opts["stats_ms"])
-    gc.collect()
-    try:
-        log("info", "  heap after start-up: %d bytes used, %d free" % (gc.mem_alloc(), gc.mem_free()))
-    except AttributeError:
-        pass
+    loop.budget = budget
     log("info", "UBRB gateway %s listening on %s:%d, link %s"
         % (core.VERSION, loop.listen_addr[0], loop.listen_addr[1], opts["link"]))
     return loop, gw, ros, drv
 
 
-def main(argv=None, io=None):
-    """Run the gateway. argv: a list of flags (as sys.argv[1:]) or a dict of options."""
+def boot(argv=None, io=None):
+    """Options, start-up: the GatewayLoop ready to serve, or the exit status when it cannot start
+    (each reason one line on stderr: 2 bad options, 1 network/listener/heap; 0 after --help)."""
     io = io if io is not None else default_io()
     try:
         opts = options(argv, io)
     except ValueError as e:
-        print("ubrb_min.py: %s" % e, file=sys.stderr)
-        return 2
+        return _fail(2, e)
     if opts is None:
         print(usage())
         return 0
     log = Log(opts["log_level"])
     try:
-        loop, gw, ros, drv = start(opts, io, log)
+        return start(opts, io, log)[0]
     except ValueError as e:
-        print("ubrb_min.py: %s" % e, file=sys.stderr)
-        return 2
+        return _fail(2, e)
     except OSError as e:
-        print("ubrb_min.py: %s" % e, file=sys.stderr)
-        return 1
+        return _fail(1, e)
+    except MemoryError:
+        gc.collect()
+        try:
+            free = gc.mem_free()
+        except AttributeError:
+            free = -1
+        return _fail(1, "not enough heap for profile %s (%d bytes free): lower the limits "
+                        "(--help lists them) or use a board with more RAM" % (opts["profile"], free))
     except KeyboardInterrupt:  # Ctrl-C while waiting for Wi-Fi
         return 130
-    loop.serve()  # Ctrl-C (KeyboardInterrupt) ends it; the sockets and the link are closed
-    log("info", "stopped; counters: %s" % gw.counters())
-    if drv is not None:
-        log("info", "link counters: %s" % drv.counters())
-    return 0
+
+
+def _fail(status, why):
+    print("ubrb_min.py: %s" % why, file=sys.stderr)
+    return status
+
+
+def main(argv=None, io=None):
+    """Run the gateway (ports/micropython/run.py: start, unload this module, serve). argv: a list
+    of flags (as sys.argv[1:]) or a dict of options."""
+    from ports.micropython import run
+
+    return run.main(argv, io)

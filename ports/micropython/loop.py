@@ -163,6 +163,7 @@ class GatewayLoop:
         self.stats_ms = stats_ms
         self.stats_at = now + stats_ms
         self.poll_ms = POLL_MS  # longest wait in poll(); tests on a fake clock set 0
+        self.budget = 0  # the worst-case memory budget start-up computed (printed by run.py)
         self.link_stream = None
         if link is not None and link.stream is not None:
             try:
@@ -186,6 +187,14 @@ class GatewayLoop:
             self.log("info", "interrupted")
         finally:
             self.close()
+
+    def run(self):
+        """serve() until Ctrl-C, then log the counters; the exit status (0)."""
+        self.serve()
+        self.log("info", "stopped; counters: %s" % self.gw.counters())
+        if self.link is not None:
+            self.log("info", "link counters: %s" % self.link.counters())
+        return 0
 
     def step(self):
         gw = self.gw
