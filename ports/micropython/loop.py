@@ -20,6 +20,7 @@
 # The I/O modules (socket, select, time, machine, network, config) are looked up in an `IO`
 # object, built from the real modules by default; tests pass fakes (tests/core/mp_fakes.py).
 import ubrb_min as core
+from ubrb_min import const  # micropython.const on MicroPython (inlined), identity on CPython
 
 try:
     import socket as _socket
@@ -42,11 +43,11 @@ try:
 except ImportError:
     _network = None
 
-ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
-POLL_MS = 50  # longest poll() wait: the core's and the link's timers need tick() this often
-STATS_MS = 1000  # gateway counters to the companion (its /diagnostics); 0: never
-MAX_READS = 4  # reads per client per wake-up, so one busy client cannot starve the others
-MAX_WRITES = 4
+_ACCEPT_GRACE_MS = const(2000)  # at start-up, how long clients may wait for the link before being served
+_POLL_MS = const(50)  # longest poll() wait: the core's and the link's timers need tick() this often
+STATS_MS = const(1000)  # gateway counters to the companion (its /diagnostics); 0: never
+_MAX_READS = const(4)  # reads per client per wake-up, so one busy client cannot starve the others
+_MAX_WRITES = const(4)
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
@@ -72,8 +73,8 @@ def default_io():
 
 
 # The clock is moved back by REBASE_STEP whenever it reaches REBASE_AT: times stay below 2**30.
-REBASE_AT = 1 << 29
-REBASE_STEP = 1 << 28
+REBASE_AT = const(1 << 29)
+REBASE_STEP = const(1 << 28)
 
 
 class Clock:
@@ -124,7 +125,7 @@ class GatewayLoop:
     """The poll loop: a listening socket, client sockets, and optionally a link driver."""
 
     def __init__(self, gw, listen, link=None, ros=None, io=None, clock=None, log=None,
-                 accept_grace_ms=ACCEPT_GRACE_MS, stats_ms=STATS_MS, backlog=2):
+                 accept_grace_ms=_ACCEPT_GRACE_MS, stats_ms=STATS_MS, backlog=2):
         self.gw = gw
         self.link = link  # LinkDriver or None
         self.ros = ros  # LinkRosPort (send_stats) or None
@@ -162,7 +163,7 @@ class GatewayLoop:
         self.accept_at = now + (accept_grace_ms if link is not None else 0)
         self.stats_ms = stats_ms
         self.stats_at = now + stats_ms
-        self.poll_ms = POLL_MS  # longest wait in poll(); tests on a fake clock set 0
+        self.poll_ms = _POLL_MS  # longest wait in poll(); tests on a fake clock set 0
         self.budget = 0  # the worst-case memory budget start-up computed (printed by run.py)
         self.link_stream = None
         if link is not None and link.stream is not None:
@@ -314,7 +315,7 @@ class GatewayLoop:
         s = self.socks[ci]
         gw = self.gw
         dec = gw.clients[ci].decoder
-        for _ in range(MAX_READS):
+        for _ in range(_MAX_READS):
             space = dec.space()
             if space == 0:
                 return
@@ -339,7 +340,7 @@ class GatewayLoop:
     def _write(self, ci):
         s = self.socks[ci]
         q = self.gw.clients[ci].queue
-        for _ in range(MAX_WRITES):
+        for _ in range(_MAX_WRITES):
             n = q.pending()
             if n == 0:
                 break
