@@ -19,6 +19,8 @@
 #
 # The I/O modules (socket, select, time, machine, network, config) are looked up in an `IO`
 # object, built from the real modules by default; tests pass fakes (tests/core/mp_fakes.py).
+import gc
+
 import ubrb_min as core
 from ubrb_min import const  # micropython.const on MicroPython (inlined), identity on CPython
 
@@ -121,6 +123,16 @@ def parse_hostport(text, default_host="0.0.0.0"):
         raise ValueError("expected HOST:PORT, got %r" % text)
 
 
+def peer_text(addr):
+    """HOST:PORT of an accept()ed peer: lwIP ports give (host, port), the unix port a raw
+    sockaddr (family(2) port(2, big-endian) IPv4(4) ...)."""
+    if isinstance(addr, tuple):
+        return "%s:%s" % (addr[0], addr[1])
+    if len(addr) >= 8 and addr[0] == 2:  # AF_INET (little-endian family field)
+        return "%d.%d.%d.%d:%d" % (addr[4], addr[5], addr[6], addr[7], (addr[2] << 8) | addr[3])
+    return repr(addr)
+
+
 class GatewayLoop:
     """The poll loop: a listening socket, client sockets, and optionally a link driver."""
 
@@ -192,9 +204,13 @@ class GatewayLoop:
     def run(self):
         """serve() until Ctrl-C, then log the counters; the exit status (0)."""
         self.serve()
-        self.log("info", "stopped; counters: %s" % self.gw.counters())
-        if self.link is not None:
-            self.log("info", "link counters: %s" % self.link.counters())
+        gc.collect()  # the buffers are still held: make room for the counters' text
+        try:
+            self.log("info", "stopped; counters: %s" % self.gw.counters())
+            if self.link is not None:
+                self.log("info", "link counters: %s" % self.link.counters())
+        except MemoryError:
+            self.log("info", "stopped (no heap left to print the counters)")
         return 0
 
     def step(self):
@@ -296,7 +312,7 @@ class GatewayLoop:
                     s.setsockopt(self.ipproto_tcp, self.nodelay, 1)
                 except OSError:
                     pass
-            ci = self.gw.accept(now, r[1])  # the core logs who came and who was refused
+            ci = self.gw.accept(now, peer_text(r[1]))  # the core logs who came, who was refused
             if ci >= 0:
                 self.socks[ci] = s
                 self.mask[ci] = self.POLLIN
