@@ -206,6 +206,11 @@ class GatewayLoop:
         self.serve()
         gc.collect()  # the buffers are still held: make room for the counters' text
         try:
+            # against "heap after start-up": what serving left behind (a leak would show here)
+            self.log("info", "heap at stop: %d bytes used, %d free" % (gc.mem_alloc(), gc.mem_free()))
+        except AttributeError:  # CPython (the tests of this port): no heap figures
+            pass
+        try:
             self.log("info", "stopped; counters: %s" % self.gw.counters())
             if self.link is not None:
                 self.log("info", "link counters: %s" % self.link.counters())
