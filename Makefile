@@ -107,4 +107,4 @@ deploy: venv
 # make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
 # with a 128 KiB heap; HELLO and PING over TCP (what tests/mp_unix runs too).
 deploy-check: venv
-	$(VBIN)/python tools/deploy.py check --link udp://127.0.0.1:8269 $(DEPLOY_ARGS)
+	$(VBIN)/python tools/deploy.py check $(DEPLOY_ARGS)

@@ -174,7 +174,7 @@ def test_10000_relays_leave_the_heap_as_it_was(connect: Any, dds: Dds) -> None:
             for i in range(50):
                 w.write(I.String(data="relay %d" % (k + i)))
             want = k + 50
-            assert b.wait(lambda w=want: len(b.messages[2]) >= w, 10), \
+            assert b.wait(lambda m=want: len(b.messages[2]) >= m, 10), \
                 "DDS -> client stalled at %d of %d\n%s" % (len(b.messages[2]), want,
                                                             bridge.gw.text()[-2000:])
         assert wait_for(lambda: len(raw.poll()) >= n, 20), \
