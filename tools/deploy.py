@@ -37,11 +37,10 @@ CHECK_HEAP = "128k"  # an ESP32 without PSRAM has ~100-110 KiB with Wi-Fi up
 MPY_CROSS_FLAGS = ("-O3",)
 
 # What the board loads: (source in the repository, module path on the board). The core and the
-# MicroPython port; nothing of the CPython runtime or the companion.
+# MicroPython port; nothing of the CPython runtime or the companion. No package __init__ files:
+# MicroPython imports from a folder without one, and each would cost a module and its qstrs.
 MODULES: Tuple[Tuple[str, str], ...] = (
     ("ubrb_min.py", "ubrb_min"),
-    ("ports/__init__.py", "ports/__init__"),
-    ("ports/micropython/__init__.py", "ports/micropython/__init__"),
     ("ports/micropython/run.py", "ports/micropython/run"),
     ("ports/micropython/gateway.py", "ports/micropython/gateway"),
     ("ports/micropython/loop.py", "ports/micropython/loop"),
@@ -129,7 +128,8 @@ def sizes(out: str) -> List[Tuple[str, int]]:
 
 def prepare_script() -> str:
     """MicroPython run on the board before copying: folders (idempotent), stale sources gone."""
-    stale = [mod + ".py" for _, mod in MODULES]
+    stale = [mod + ".py" for _, mod in MODULES] + [
+        d + "/__init__" + ext for d in FOLDERS for ext in (".py", ".mpy")]
     return ("import os\n"
             "for d in %r:\n"
             "    try:\n        os.mkdir(d)\n    except OSError:\n        pass\n"

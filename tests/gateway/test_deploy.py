@@ -32,7 +32,8 @@ def test_board_preparation_makes_folders_and_removes_stale_sources(tmp_path: Pat
     # What `make deploy` runs on the board before copying, run twice (idempotent) under the real
     # interpreter in a folder standing in for the board's filesystem.
     (tmp_path / "ports" / "micropython").mkdir(parents=True)
-    for stale in ("ubrb_min.py", "ports/micropython/gateway.py", "ports/__init__.py"):
+    for stale in ("ubrb_min.py", "ports/micropython/gateway.py", "ports/__init__.py",
+                  "ports/micropython/__init__.mpy"):
         (tmp_path / stale).write_text("# an old copy\n")
     (tmp_path / "boot.py").write_text("# the user's\n")
     script = tmp_path / "prepare.py"
