@@ -258,9 +258,13 @@ def run_deployed(*flags: str, heap: str = "128k"):
     (("--link", "tcp://127.0.0.1:1"), 2, "udp://HOST:PORT or serial:PATH"),
     (("--profile", "mcu", "--queue-bytes", "100"), 2, "queue_bytes"),
     (("--listen", "127.0.0.1:1", "--profile", "pi"), 1, "not enough heap for profile pi"),
+    (("--heap", "64k"), 1, "not enough heap to load the gateway's code"),
 ])
 def test_bad_options_on_the_board_are_one_line(flags, status, says):
-    r = run_deployed("--link", "none", *flags)
+    heap = "128k"
+    if flags[0] == "--heap":  # not a flag: the interpreter's heap
+        heap, flags = flags[1], flags[2:]
+    r = run_deployed("--link", "none", *flags, heap=heap)
     assert r.returncode == status, r.stdout + r.stderr
     assert says in r.stderr and "Traceback" not in r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
