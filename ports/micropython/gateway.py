@@ -89,6 +89,8 @@ def parse_args(argv, opts=None):
         if not a.startswith("--"):
             raise ValueError("unexpected argument %r" % a)
         name, eq, value = a[2:].partition("=")
+        if name.replace("-", "_") not in opts:
+            raise ValueError("unknown flag %s (--help lists them)" % ("--" + name))
         if not eq:
             if i + 1 >= len(argv):
                 raise ValueError("%s needs a value" % a)

@@ -255,6 +255,7 @@ def run_deployed(*flags: str, heap: str = "128k"):
 
 @pytest.mark.parametrize("flags, status, says", [
     (("--bogus", "1"), 2, "unknown flag --bogus"),
+    (("--bogus",), 2, "unknown flag --bogus"),
     (("--link", "tcp://127.0.0.1:1"), 2, "udp://HOST:PORT or serial:PATH"),
     (("--profile", "mcu", "--queue-bytes", "100"), 2, "queue_bytes"),
     (("--listen", "127.0.0.1:1", "--profile", "pi"), 1, "not enough heap for profile pi"),
@@ -286,5 +287,25 @@ def test_deployed_mcu_gateway_with_a_udp_link_starts_in_128k():
         c.expect(U.OP_HELLO_ACK, timeout=10)
         c.close()
         print("mcu + UDP link at 128 KiB: heap after start-up %d bytes used, %d free" % (used, free))
+    finally:
+        assert stop_cleanly(g) == 0, g.text()
+
+
+def test_micropython_runs_ubrb_min_py_from_the_source_tree():
+    # `micropython ubrb_min.py ...` as on CPython: the launcher lands in the MicroPython port
+    # (the unix port's default heap: the source is compiled on the interpreter).
+    from tests.support.loopback_ports import free_port
+    from tests.support.mp_unix import micropython_exe
+
+    port = free_port()
+    g = Proc([micropython_exe(), os.path.join(ROOT, "ubrb_min.py"), "--listen",
+              "127.0.0.1:%d" % port, "--link", "none"], cwd="/")
+    try:
+        g.wait_line(r"listening on 127\.0\.0\.1:%d" % port, 20)
+        c = RawClient(port)
+        c.send(hello() + U.encode_frame(U.OP_PING, b""))
+        c.expect(U.OP_HELLO_ACK)
+        c.expect(U.OP_PONG)
+        c.close()
     finally:
         assert stop_cleanly(g) == 0, g.text()
