@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Optional
 
 import pytest
 
@@ -41,7 +42,7 @@ def start_gateway(runtime: str, *args: str) -> Proc:
     return GatewayProcess(*args)
 
 
-def stop_cleanly(g: Proc) -> int:
+def stop_cleanly(g: Proc) -> Optional[int]:
     """Ctrl-C (SIGINT): both ports close every socket, print their counters and exit 0."""
     return g.stop(signal.SIGINT)
 
