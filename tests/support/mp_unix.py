@@ -8,6 +8,7 @@ config.py), built once per test run into a temporary folder; the heap is an ESP3
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -51,6 +52,7 @@ def deployed_layout() -> str:
         from tools import deploy
 
         out = tempfile.mkdtemp(prefix="ubrb-deploy-")
+        atexit.register(shutil.rmtree, out, True)
         deploy.build(out, {"link": "none"})
         _layout = out
     return _layout
