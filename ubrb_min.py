@@ -13,6 +13,13 @@ import sys
 import json
 import struct
 
+try:  # const(): inlined by MicroPython's compiler (no global looked up at run time); CPython: as is
+    from micropython import const
+except ImportError:
+
+    def const(x):  # type: ignore[no-redef]
+        return x
+
 # ---------------------------------------------------------------------------------------------
 # Launcher: `python ubrb_min.py ...` / `micropython ubrb_min.py ...` start the gateway port of the
 # runtime they find themselves on. This is the core's only reference to ports/.
@@ -29,7 +36,7 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
     def _launch():
         try:
             if sys.implementation.name == "micropython":
-                from ports.micropython.gateway import main
+                from ports.micropython.run import main
             else:
                 import os
 
@@ -61,57 +68,57 @@ except ImportError:  # pragma: no cover - slow bitwise fallback, same results
 
 VERSION = "0.1.0"
 SERVER_NAME = "ubrb_min/" + VERSION
-PROTOCOL = 1
+PROTOCOL = const(1)
 IS_MICROPYTHON = sys.implementation.name == "micropython"
 
 # ---------------------------------------------------------------------------------------------
 # UBRB v1 wire constants
 # ---------------------------------------------------------------------------------------------
-HDR = 12
+HDR = const(12)
 MAGIC = b"UBRB"
-OP_HELLO = 1
-OP_HELLO_ACK = 2
-OP_ADVERTISE = 3
-OP_UNADVERTISE = 4
-OP_PUBLISH = 5
-OP_SUBSCRIBE = 6
-OP_UNSUBSCRIBE = 7
-OP_MESSAGE = 8
-OP_SUB_COUNT = 9
-OP_PING = 10
-OP_PONG = 11
-OP_ERROR = 12
+OP_HELLO = const(1)
+OP_HELLO_ACK = const(2)
+OP_ADVERTISE = const(3)
+OP_UNADVERTISE = const(4)
+OP_PUBLISH = const(5)
+OP_SUBSCRIBE = const(6)
+OP_UNSUBSCRIBE = const(7)
+OP_MESSAGE = const(8)
+OP_SUB_COUNT = const(9)
+OP_PING = const(10)
+OP_PONG = const(11)
+OP_ERROR = const(12)
 
 # Ops a client may send; anything else is treated like a malformed header ([decided] in the spec).
 CLIENT_OPS = (0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0)  # indexed by op
 
-HELLO_TIMEOUT_MS = 5000
-IDLE_TIMEOUT_MS = 10000
-SUB_COUNT_INTERVAL_MS = 500
-ERROR_REPEAT_MS = 1000  # unknown_id / message_too_large: at most once per id per second
-CLOSE_FLUSH_MS = 2000  # a closing client that does not read its last frames is cut off after this
+_HELLO_TIMEOUT_MS = const(5000)
+_IDLE_TIMEOUT_MS = const(10000)
+_SUB_COUNT_INTERVAL_MS = const(500)
+_ERROR_REPEAT_MS = const(1000)  # unknown_id / message_too_large: at most once per id per second
+_CLOSE_FLUSH_MS = const(2000)  # a closing client that does not read its last frames is cut off after this
 # Frames of one client handled per Gateway.received() call: the rest wait in its decoder for the
 # next loop turn (Gateway.backlog), so a client flooding tiny frames gets a turn like the others.
-FRAMES_PER_TURN = 32
+FRAMES_PER_TURN = const(32)
 
 # Decoder results
-NEED_MORE = 0
-MALFORMED = -1
+NEED_MORE = const(0)
+MALFORMED = const(-1)
 
 # Session states
-S_FREE = 0
-S_OPEN = 1  # accepted, no HELLO yet
-S_READY = 2  # HELLO received
-S_CLOSING = 3  # flush what is queued, then the port closes the socket
+S_FREE = const(0)
+_S_OPEN = const(1)  # accepted, no HELLO yet
+S_READY = const(2)  # HELLO received
+_S_CLOSING = const(3)  # flush what is queued, then the port closes the socket
 
-WANT_READ = 1  # Gateway.interest(ci): what a port waits for on a client socket
-WANT_WRITE = 2
+WANT_READ = const(1)  # Gateway.interest(ci): what a port waits for on a client socket
+WANT_WRITE = const(2)
 
 UBRB_JSON_DEPTH = 16  # deepest JSON nesting a client's control frame may have (qos: 2)
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
-KIB = 1024
+_KIB = const(1024)
 MIB = 1024 * 1024
 
 # ---------------------------------------------------------------------------------------------
@@ -125,9 +132,9 @@ PROFILES = {
         "max_subs": 64,  # subscription ids per client
         "max_topics": 128,  # shared topic slots, for publishers and again for subscriptions
         "max_payload": 4 * MIB,  # PUBLISH / MESSAGE payload cap
-        "max_control": 64 * KIB,  # payload cap of every other op
+        "max_control": 64 * _KIB,  # payload cap of every other op
         "queue_bytes": 16 * MIB,  # per-client send queue
-        "control_reserve": 64 * KIB,  # part of the queue only control frames may use
+        "control_reserve": 64 * _KIB,  # part of the queue only control frames may use
         "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
         "max_clients_per_address": 0,  # 0: half of max_clients (make_profile)
         "slow_client_timeout": 5,
@@ -139,10 +146,10 @@ PROFILES = {
         "max_pubs": 8,
         "max_subs": 8,
         "max_topics": 16,
-        "max_payload": 2 * KIB,
+        "max_payload": 2 * _KIB,
         "max_control": 512,
-        "queue_bytes": 6 * KIB,
-        "control_reserve": 1 * KIB,
+        "queue_bytes": 6 * _KIB,
+        "control_reserve": 1 * _KIB,
         "max_throttled": 1,
         "max_clients_per_address": 0,
         "slow_client_timeout": 5,
@@ -276,8 +283,8 @@ def format_budget(name, p, link=None):
 def human_bytes(n):
     if n >= MIB:
         return "%.1f MiB" % (n / MIB)
-    if n >= KIB:
-        return "%.1f KiB" % (n / KIB)
+    if n >= _KIB:
+        return "%.1f KiB" % (n / _KIB)
     return "%d B" % n
 
 
@@ -786,8 +793,8 @@ class SlotTable:
         return n
 
 
-PUB = 0  # registration kinds, as Registry methods take them
-SUB = 1
+PUB = const(0)  # registration kinds, as Registry methods take them
+SUB = const(1)
 
 
 class Refused(Exception):
@@ -936,7 +943,7 @@ class ClientSession:
         self.backlog = False  # whole frames wait in the decoder for the next turn
         self.full_ms = -1  # since when the send queue is full with no frame written; -1: not
         self.counts_dirty = False
-        self.counts_sent_ms = -SUB_COUNT_INTERVAL_MS
+        self.counts_sent_ms = -_SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.close_ms = 0
         # unknown_id / message_too_large repeat suppression: a small ring of (code, id, time).
@@ -950,7 +957,7 @@ class ClientSession:
         self.dropped = 0
 
     def open(self, now):
-        self.state = S_OPEN
+        self.state = _S_OPEN
         self.decoder.reset()
         self.queue.clear()
         for i in range(self.max_pubs):
@@ -967,7 +974,7 @@ class ClientSession:
         self.backlog = False
         self.accepted_ms = self.last_rx_ms = now
         self.counts_dirty = False
-        self.counts_sent_ms = now - SUB_COUNT_INTERVAL_MS
+        self.counts_sent_ms = now - _SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.rx_frames = self.tx_frames = self.dropped = 0
 
@@ -986,10 +993,10 @@ class ClientSession:
         return -1
 
     def should_report(self, code, id_, now):
-        """Rate limit: False if (code, id) was reported less than ERROR_REPEAT_MS ago."""
+        """Rate limit: False if (code, id) was reported less than _ERROR_REPEAT_MS ago."""
         for k in range(len(self.err_code)):
             if self.err_code[k] == code and self.err_id[k] == id_:
-                if now - self.err_ms[k] < ERROR_REPEAT_MS:
+                if now - self.err_ms[k] < _ERROR_REPEAT_MS:
                     return False
                 self.err_ms[k] = now
                 return True
@@ -1161,13 +1168,13 @@ class Gateway:
             OP_ERROR, {"id": None, "code": "too_many_clients", "message": self.refusal})
 
     def wants_close(self, ci):
-        return self.clients[ci].state == S_CLOSING
+        return self.clients[ci].state == _S_CLOSING
 
     def interest(self, ci):
         """What the port waits for on client ci's socket: WANT_READ and/or WANT_WRITE. A closing
         client is not read any more; it is watched for writing until its queue is flushed."""
         c = self.clients[ci]
-        if c.state == S_CLOSING:
+        if c.state == _S_CLOSING:
             return WANT_WRITE
         if c.queue.replies_backed_up():
             # It does not read the PONGs and ERRORs its frames cause: read nothing more from
@@ -1183,13 +1190,13 @@ class Gateway:
     def flushed_close(self, ci):
         """True when client ci is closing and everything queued for it is sent: close it now."""
         c = self.clients[ci]
-        return c.state == S_CLOSING and c.queue.pending() == 0
+        return c.state == _S_CLOSING and c.queue.pending() == 0
 
     def close_overdue(self, ci, now):
         """A closing client whose last frames (its ERROR) were not read within 2 s: the port
         closes the socket anyway, so a peer that stopped reading cannot hold its slot."""
         c = self.clients[ci]
-        return c.state == S_CLOSING and now - c.close_ms >= CLOSE_FLUSH_MS
+        return c.state == _S_CLOSING and now - c.close_ms >= _CLOSE_FLUSH_MS
 
     def active_clients(self):
         n = 0
@@ -1210,7 +1217,7 @@ class Gateway:
                 c.rx_start_ms = now
         budget = FRAMES_PER_TURN
         c.backlog = False
-        while c.state == S_OPEN or c.state == S_READY:
+        while c.state == _S_OPEN or c.state == S_READY:
             if budget == 0:
                 c.backlog = True
                 return
@@ -1265,28 +1272,28 @@ class Gateway:
                 q.full = False
                 if c.full_ms < 0:
                     c.full_ms = now
-            if c.state == S_CLOSING:
+            if c.state == _S_CLOSING:
                 continue
             if c.full_ms >= 0 and now - c.full_ms >= self.p["slow_client_timeout"] * 1000:
                 self.stats["closed_slow"] += 1
                 self._close(c, "send queue full for %d s without a frame read (slow client)"
                             % self.p["slow_client_timeout"])
-                c.close_ms = now - CLOSE_FLUSH_MS  # nothing it would read: close at once
+                c.close_ms = now - _CLOSE_FLUSH_MS  # nothing it would read: close at once
             elif c.rx_start_ms >= 0 and now - c.rx_start_ms >= self.p["frame_timeout"] * 1000:
                 self.stats["closed_frame_timeout"] += 1
                 self._error(c, None, "protocol_error", "frame not complete %d s after its first "
                             "byte" % self.p["frame_timeout"])
                 self._close(c, "frame not complete %d s after its first byte (dribbling client)"
                             % self.p["frame_timeout"])
-            elif c.state == S_OPEN and now - c.accepted_ms >= HELLO_TIMEOUT_MS:
+            elif c.state == _S_OPEN and now - c.accepted_ms >= _HELLO_TIMEOUT_MS:
                 self._error(c, None, "hello_required", "no HELLO within 5 s of connecting")
                 self._close(c, "no HELLO within 5 s")
-            elif (c.state == S_OPEN or c.state == S_READY) and now - c.last_rx_ms >= IDLE_TIMEOUT_MS:
+            elif (c.state == _S_OPEN or c.state == S_READY) and now - c.last_rx_ms >= _IDLE_TIMEOUT_MS:
                 self._close(c, "nothing received for 10 s")
             elif (
                 c.state == S_READY
                 and c.counts_dirty
-                and now - c.counts_sent_ms >= SUB_COUNT_INTERVAL_MS
+                and now - c.counts_sent_ms >= _SUB_COUNT_INTERVAL_MS
             ):
                 self._send_counts(c, now)
 
@@ -1316,10 +1323,10 @@ class Gateway:
         if self.throttle is not None:
             t = self.throttle.deadline(now)
         for c in self.clients:
-            if c.state == S_OPEN:
-                t = min(t, c.accepted_ms + HELLO_TIMEOUT_MS - now)
+            if c.state == _S_OPEN:
+                t = min(t, c.accepted_ms + _HELLO_TIMEOUT_MS - now)
             if c.state == S_READY and c.counts_dirty:
-                t = min(t, c.counts_sent_ms + SUB_COUNT_INTERVAL_MS - now)
+                t = min(t, c.counts_sent_ms + _SUB_COUNT_INTERVAL_MS - now)
         return max(0, t)
 
     # -- frames from a client ------------------------------------------------------------------
@@ -1363,16 +1370,16 @@ class Gateway:
         self.publishing = -1
 
     def _on_control(self, c, op, buf, off, n):
+        if op == OP_HELLO:
+            self._on_hello(c, buf, off, n)
+            return
+        if c.state != S_READY:  # the spec's rule has no exception: a PING before HELLO too
+            self._error(c, None, "hello_required", "op %d before HELLO" % op)
+            return
         if op == OP_PING:
             self._send(c, OP_PONG, b"")
             return
         if op == OP_PONG:
-            return
-        if op == OP_HELLO:
-            self._on_hello(c, buf, off, n)
-            return
-        if c.state != S_READY:
-            self._error(c, None, "hello_required", "op %d before HELLO" % op)
             return
         try:
             msg = self._json(buf, off, n)
@@ -1416,7 +1423,7 @@ class Gateway:
             return
         name = msg.get("client")
         c.name = name if isinstance(name, str) else ""
-        first = c.state == S_OPEN
+        first = c.state == _S_OPEN
         c.state = S_READY
         self._send_json(
             c,
@@ -1543,7 +1550,7 @@ class Gateway:
         self._send_json(c, OP_ERROR, {"id": id_, "code": code, "message": message})
 
     def _close(self, c, reason):
-        c.state = S_CLOSING
+        c.state = _S_CLOSING
         c.close_reason = reason
         c.close_ms = self.now
 
@@ -2131,69 +2138,69 @@ class Throttle:
 # sys, json and (optionally) binascii; no sockets, clocks or threads.
 # Time `now` is an int of milliseconds; bytes travel as (buf, off, n).
 # ---------------------------------------------------------------------------
-LK_VERSION = 1
-LK_SYNC0 = 0xA5
-LK_SYNC1 = 0x4E
+_LK_VERSION = const(1)
+LK_SYNC0 = const(0xA5)
+LK_SYNC1 = const(0x4E)
 _LK_SYNC = b"\xa5\x4e"
-LK_HDR = 8          # sync(2) len(2) ctl(1) hck(1) seq(1) ack(1)
-LK_OVH = 12         # header + CRC-32
-LK_RESIDUE = 0x2144DF1C  # CRC-32 of (frame + its own CRC, LE): a small int on MicroPython
-LK_RHDR_MAX = 8     # record header: type(1) slot varint(<=3) len varint(<=4)
+_LK_HDR = const(8)          # sync(2) len(2) ctl(1) hck(1) seq(1) ack(1)
+LK_OVH = const(12)         # header + CRC-32
+LK_RESIDUE = const(0x2144DF1C)  # CRC-32 of (frame + its own CRC, LE): a small int on MicroPython
+_LK_RHDR_MAX = const(8)     # record header: type(1) slot varint(<=3) len varint(<=4)
 
 # frame kinds (low nibble of ctl)
-LK_HELLO = 1
-LK_REL = 2
-LK_BE = 3
-LK_ACK = 4
-LK_BEFRAG = 5
-LK_NAK = 0x10       # ctl flag: "I miss frame <ack>"
+LK_HELLO = const(1)
+LK_REL = const(2)
+_LK_BE = const(3)
+LK_ACK = const(4)
+LK_BEFRAG = const(5)
+_LK_NAK = const(0x10)       # ctl flag: "I miss frame <ack>"
 
 # results of LinkSession.send
-LINK_DOWN = 0  # session states: handshaking (HELLOs until the peer answers) or down
-LINK_UP = 1
+_LINK_DOWN = const(0)  # session states: handshaking (HELLOs until the peer answers) or down
+LINK_UP = const(1)
 
-LK_OK = 0
-LK_TOO_LARGE = 1
-LK_FULL = 2
-LK_DOWN = 3
+LK_OK = const(0)
+LK_TOO_LARGE = const(1)
+LK_FULL = const(2)
+_LK_DOWN = const(3)
 
 # timers (ms); see docs/LINK.md "Timers"
-LK_HELLO_MS = 250
-LK_HB_MS = 400
-LK_DEAD_MS = 2000
-LK_RTO_INIT = 500
-LK_RTO_MIN = 40
-LK_RTO_MAX = 2000
-LK_FRAG_MS = 2000
-LK_ACK_REP_MS = 30
-LK_WMAX = 32        # largest window; frame table has 64 entries indexed by seq & 63
-LK_DESYNC_MS = 1000  # the peer's acks outside what we sent, for this long: a desync, re-handshake
+LK_HELLO_MS = const(250)
+_LK_HB_MS = const(400)
+LK_DEAD_MS = const(2000)
+_LK_RTO_INIT = const(500)
+_LK_RTO_MIN = const(40)
+_LK_RTO_MAX = const(2000)
+LK_FRAG_MS = const(2000)
+_LK_ACK_REP_MS = const(30)
+_LK_WMAX = const(32)        # largest window; frame table has 64 entries indexed by seq & 63
+LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
-LK_MAC = 8          # truncated HMAC-SHA256
-LK_TAG = 4 + LK_MAC  # counter u32 + MAC
-LK_CTR_MAX = 0x3FFFFF00  # counters stay small ints on MicroPython; the session renews before
-LK_HF_REPLY = 1     # HELLO flags: reply wanted (I am not up)
-LK_HF_KEYED = 2     # the frames of this end carry the MAC trailer
+LK_MAC = const(8)          # truncated HMAC-SHA256
+LK_TAG = const(4 + LK_MAC)  # counter u32 + MAC
+LK_CTR_MAX = const(0x3FFFFF00)  # counters stay small ints on MicroPython; the session renews before
+LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
+LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
 
 # record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
-LK_T_ADV = 1
-LK_T_UNADV = 2
-LK_T_SUB = 3
-LK_T_UNSUB = 4
-LK_T_PUB = 5
-LK_T_MSG = 6
-LK_T_RESULT = 7
-LK_T_ERROR = 8
-LK_T_SUBCOUNT = 9
-LK_T_CHELLO = 10
-LK_T_STATS = 11
-LK_STATS_SLOT = 0xFFFF
-LK_T_BAD = 12       # either direction: "I rejected your record" (docs/LINK.md section 6)
-LK_JSON_MAX = 96 * 1024  # longest JSON record either end parses (a registration's topic: 64 KiB)
-LK_JSON_DEPTH = 4   # deepest JSON nesting a record may have (ADV/SUB: 2)
-LK_GEN_MAX = 0x3FFFFFFF  # registration generations are 1 ... 2**30-1 (small ints on MicroPython)
-LK_TEXT_MAX = 1024  # longest message / distro string taken from the peer
+LK_T_ADV = const(1)
+LK_T_UNADV = const(2)
+LK_T_SUB = const(3)
+LK_T_UNSUB = const(4)
+LK_T_PUB = const(5)
+LK_T_MSG = const(6)
+LK_T_RESULT = const(7)
+LK_T_ERROR = const(8)
+LK_T_SUBCOUNT = const(9)
+LK_T_CHELLO = const(10)
+LK_T_STATS = const(11)
+LK_STATS_SLOT = const(0xFFFF)
+LK_T_BAD = const(12)       # either direction: "I rejected your record" (docs/LINK.md section 6)
+LK_JSON_MAX = const(96 * 1024)  # longest JSON record either end parses (a registration's topic: 64 KiB)
+LK_JSON_DEPTH = const(4)   # deepest JSON nesting a record may have (ADV/SUB: 2)
+LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (small ints on MicroPython)
+LK_TEXT_MAX = const(1024)  # longest message / distro string taken from the peer
 LK_RESULT_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
                    "link_congested", "resource_exhausted")
 LK_ERROR_CODES = ("message_too_large", "link_congested")
@@ -2314,12 +2321,12 @@ def _lk_ring_get(dst, doff, ring, pos, n):
 
 
 # ---- link configuration: one grammar, one sizing, one pacing, for every port ----------------
-LINK_DEFAULT_UDP_PORT = 8269
-LINK_DEFAULT_MTU = 1400      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
-LINK_SERIAL_FRAME = 1088     # serial frame cap: a 1 KiB message and its headers fit one frame
+_LINK_DEFAULT_UDP_PORT = const(8269)
+LINK_DEFAULT_MTU = const(1400)      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
+LINK_SERIAL_FRAME = const(1088)     # serial frame cap: a 1 KiB message and its headers fit one frame
                              # (95 ms at 115200 baud)
-LINK_MAX_MESSAGE = (1 << 23) - 64  # largest message any link session carries (lengths < 2**24)
-LINK_PACE_MS = 60            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
+LINK_MAX_MESSAGE = const((1 << 23) - 64)  # largest message any link session carries (lengths < 2**24)
+LINK_PACE_MS = const(60)            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
 
 
 def parse_link_url(url):
@@ -2344,9 +2351,9 @@ def parse_link_url(url):
                 host, port = rest, ""
         if not host:
             raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d"
-                             % LINK_DEFAULT_UDP_PORT)
+                             % _LINK_DEFAULT_UDP_PORT)
         if not port:
-            return "udp", host, LINK_DEFAULT_UDP_PORT
+            return "udp", host, _LINK_DEFAULT_UDP_PORT
         try:
             n = int(port)
         except ValueError:
@@ -2371,10 +2378,10 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
     mm = min(max_message, LINK_MAX_MESSAGE)
     frame = mtu if datagram else LINK_SERIAL_FRAME
     # UDP on a LAN sustains a wider window; a serial line or a board's small rx queues do not.
-    window = 16 if datagram and mm > 4 * KIB else 8
-    rel = max(8 * KIB, 2 * mm, min(4 * mm, 256 * KIB))
-    be = max(4 * KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * KIB))
-    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
+    window = 16 if datagram and mm > 4 * _KIB else 8
+    rel = max(8 * _KIB, 2 * mm, min(4 * mm, 256 * _KIB))
+    be = max(4 * _KIB, mm + 6 + _LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
+    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + _LK_RHDR_MAX) + rel + be
     return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
             "be_bytes": be, "total": total}
 
@@ -2484,9 +2491,9 @@ class LinkSession:
         self.datagram = datagram  # UDP: one frame per datagram; serial: a byte stream to resync
         self.max_frame = max_frame
         self.max_message = max_message
-        self.window = max(1, min(window, LK_WMAX))
+        self.window = max(1, min(window, _LK_WMAX))
         self.max_slots = max_slots
-        self.state = LINK_DOWN
+        self.state = _LINK_DOWN
         self.fresh = True  # the next LINK_UP is a new peer (its registrations must be re-sent)
         self.peer_epoch = 0
         self.seed = 0  # CRC seed of this session: both epochs, so stale frames fail the check
@@ -2501,13 +2508,13 @@ class LinkSession:
         self.last_tx = 0
         self.srtt = 0
         self.rttvar = 0
-        self.rto = LK_RTO_INIT
+        self.rto = _LK_RTO_INIT
         # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
         self.rx = bytearray(0 if datagram else 2 * max_frame)  # stream mode only
         self.rx_n = 0
-        self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
+        self.rec_header = bytearray(_LK_RHDR_MAX)  # scratch: a record header being written
         # record header being parsed: type, slot, length (varints)
         self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
         # -- reliable class: a ring of wire records, go-back-N over a 64-entry frame table ------
@@ -2518,12 +2525,12 @@ class LinkSession:
         self.frame_len = [0] * 64
         self.frame_sent_at = [0] * 64
         self.frame_retx = bytearray(64)
-        self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
+        self.rec_buf = bytearray(max_message + _LK_RHDR_MAX)  # a reliable record being assembled
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
         self.be_tag = bytearray(6)
         self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its queued record
-        self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
+        self.frag_buf = bytearray(max_message + _LK_RHDR_MAX)  # a fragmented record reassembled
         # -- counters: plain ints (increments allocate nothing); counters() reports every
         # name of _LK_COUNTERS (as c_<name>): a new counter goes here and there
         self.c_rx_frames = self.c_tx_frames = self.c_rx_bytes = self.c_tx_bytes = 0
@@ -2591,8 +2598,8 @@ class LinkSession:
     def max_send(self):
         """Largest message send() accepts in both classes right now."""
         m = self.peer_max_message
-        r = len(self.rel) - self.rel_res - LK_RHDR_MAX
-        b = len(self.be) - 6 - LK_RHDR_MAX
+        r = len(self.rel) - self.rel_res - _LK_RHDR_MAX
+        b = len(self.be) - 6 - _LK_RHDR_MAX
         if r < m:
             m = r
         if b < m:
@@ -2612,10 +2619,10 @@ class LinkSession:
 
     # ---- sending -----------------------------------------------------------
     def send(self, t, slot, buf, off, n, reliable, control=False):
-        """Queue one message; LK_OK or LK_TOO_LARGE / LK_FULL / LK_DOWN."""
+        """Queue one message; LK_OK or LK_TOO_LARGE / LK_FULL / _LK_DOWN."""
         if self.peer_epoch == 0:
             self.c_drop_down += 1
-            return LK_DOWN
+            return _LK_DOWN
         if n > self.max_send():
             self.c_too_large += 1
             return LK_TOO_LARGE
@@ -2644,7 +2651,7 @@ class LinkSession:
             return LK_OK
         if self.state != LINK_UP:
             self.c_drop_be_down += 1
-            return LK_DOWN
+            return _LK_DOWN
         be = self.be
         cap = len(be)
         key = slot if slot < self.max_slots else self.max_slots
@@ -2706,7 +2713,7 @@ class LinkSession:
         L = n_body + self.ovh
         ctl = kind
         if self.nak_pending and kind != LK_HELLO:
-            ctl |= LK_NAK
+            ctl |= _LK_NAK
             self.nak_pending = False
         b[0] = LK_SYNC0
         b[1] = LK_SYNC1
@@ -2729,7 +2736,7 @@ class LinkSession:
         if self.ack_pending:
             # repeat a fresh ack once if nothing else follows it: a lost pure ACK
             # would otherwise stall the sender until its RTO
-            self.ack_rep = now + LK_ACK_REP_MS
+            self.ack_rep = now + _LK_ACK_REP_MS
         self.ack_pending = False
         self.c_tx_frames += 1
         self.c_tx_bytes += L
@@ -2738,7 +2745,7 @@ class LinkSession:
     def _hello(self, now):
         b = self.tx_buf
         L = self._head(LK_HELLO, 0, 18)
-        b[8] = LK_VERSION
+        b[8] = _LK_VERSION
         b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
@@ -2834,7 +2841,7 @@ class LinkSession:
         if self.be_live > 0:
             self.turn = 0
             return self._be_frame(now)
-        if self.ack_pending or self.nak_pending or now - self.last_tx >= LK_HB_MS or \
+        if self.ack_pending or self.nak_pending or now - self.last_tx >= _LK_HB_MS or \
                 (self.ack_rep and now - self.ack_rep >= 0):
             self.ack_rep = 0
             return self._seal(self._head(LK_ACK, 0, 0), self.seed, now)
@@ -2862,7 +2869,7 @@ class LinkSession:
             self.c_retx += 1
             n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
-        _lk_ring_get(self.tx_buf, LK_HDR, self.rel, self.frame_off[i], n)
+        _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, self.frame_off[i], n)
         self.frame_sent_at[i] = now
         self.snd = (s + 1) & 255
         return self._seal(L, self.seed, now)
@@ -2872,8 +2879,8 @@ class LinkSession:
         cap = len(be)
         tx = self.tx_buf
         m = self.peer_max_frame - self.ovh
-        q = LK_HDR
-        kind = LK_BE
+        q = _LK_HDR
+        kind = _LK_BE
         while self.be_n > 0:
             h = self.be_head
             w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
@@ -2881,7 +2888,7 @@ class LinkSession:
                 self._be_pop()
                 continue
             if self.be_sent_part > 0 or w > m:
-                if q > LK_HDR:
+                if q > _LK_HDR:
                     break
                 if self.be_sent_part == 0:        # started: no longer replaceable
                     key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
@@ -2890,8 +2897,8 @@ class LinkSession:
                 q = _lk_putvar(tx, q, w)
                 q = _lk_putvar(tx, q, self.be_sent_part)
                 k = w - self.be_sent_part
-                if k > m - (q - LK_HDR):
-                    k = m - (q - LK_HDR)
+                if k > m - (q - _LK_HDR):
+                    k = m - (q - _LK_HDR)
                 _lk_ring_get(tx, q, be, (h + 6 + self.be_sent_part) % cap, k)
                 q += k
                 self.be_sent_part += k
@@ -2900,14 +2907,14 @@ class LinkSession:
                 kind = LK_BEFRAG
                 self.c_frag_tx += 1
                 break
-            if q + w > LK_HDR + m:
+            if q + w > _LK_HDR + m:
                 break
             _lk_ring_get(tx, q, be, (h + 6) % cap, w)
             q += w
             self._be_pop()
-        if q == LK_HDR:
+        if q == _LK_HDR:
             return 0
-        L = self._head(kind, self.be_seq, q - LK_HDR)
+        L = self._head(kind, self.be_seq, q - _LK_HDR)
         self.be_seq = (self.be_seq + 1) & 255
         return self._seal(L, self.seed, now)
 
@@ -2918,7 +2925,7 @@ class LinkSession:
             if now - self.frame_sent_at[self.una & 63] >= self.rto:
                 self.snd = self.una
                 self.c_timeouts += 1
-                self.rto = min(self.rto * 2, LK_RTO_MAX)
+                self.rto = min(self.rto * 2, _LK_RTO_MAX)
 
     def tick(self, now):
         self.now = now
@@ -2926,7 +2933,7 @@ class LinkSession:
             self._desync(now)             # counters exhausted: a new session, new keys
         if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
-                self.state = LINK_DOWN
+                self.state = _LINK_DOWN
                 self.c_down += 1
                 self.hello_at = now
                 self.handler.link_down()
@@ -3024,13 +3031,13 @@ class LinkSession:
         kind = ctl & 15
         self.c_rx_frames += 1
         if kind == LK_HELLO:
-            self._on_hello(b, p + LK_HDR, L - self.ovh, now)
+            self._on_hello(b, p + _LK_HDR, L - self.ovh, now)
             return
         if self.state != LINK_UP:
             self.c_stale += 1
             return
         self.last_rx = now
-        self._on_ack(b[p + 7], ctl & LK_NAK, now)
+        self._on_ack(b[p + 7], ctl & _LK_NAK, now)
         if self.state != LINK_UP:         # the ack told of a desync
             return
         seq = b[p + 6]
@@ -3041,23 +3048,23 @@ class LinkSession:
                 self.rel_rx_expected = (self.rel_rx_expected + 1) & 255
                 self.ack_pending = True
                 self.nak_for = -1
-                self._rel_body(b, p + LK_HDR, end)
+                self._rel_body(b, p + _LK_HDR, end)
             elif d < 128:
                 self.c_ooo += 1
-                if self.nak_for != self.rel_rx_expected or now - self.nak_t >= LK_ACK_REP_MS:
+                if self.nak_for != self.rel_rx_expected or now - self.nak_t >= _LK_ACK_REP_MS:
                     self.nak_pending = True
                     self.nak_for = self.rel_rx_expected
                     self.nak_t = now
             else:
                 self.c_dup += 1
                 self.ack_pending = True
-        elif kind == LK_BE or kind == LK_BEFRAG:
+        elif kind == _LK_BE or kind == LK_BEFRAG:
             if self._be_dup(seq):
                 self.c_dup += 1
-            elif kind == LK_BE:
-                self._be_body(b, p + LK_HDR, end)
+            elif kind == _LK_BE:
+                self._be_body(b, p + _LK_HDR, end)
             else:
-                self._be_frag(b, p + LK_HDR, end, seq, now)
+                self._be_frag(b, p + _LK_HDR, end, seq, now)
         elif kind != LK_ACK:
             self.c_proto += 1
 
@@ -3085,7 +3092,7 @@ class LinkSession:
         return False
 
     def _on_hello(self, b, p, n, now):
-        if n < 18 or b[p] != LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
+        if n < 18 or b[p] != _LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
             self.c_proto += 1       # other version, or two ends of the same role
             return
         pe, ye, pf, pm, pw, flags = struct.unpack_from("<IIHIBB", b, p + 2)
@@ -3105,7 +3112,7 @@ class LinkSession:
                 return
             # a new peer session: the old stream is gone for good, on both ends
             if self.state == LINK_UP:
-                self.state = LINK_DOWN
+                self.state = _LINK_DOWN
                 self.c_down += 1
                 self.handler.link_down()
             self._discard()
@@ -3120,7 +3127,7 @@ class LinkSession:
         self.peer_hello = self.rx_ctr
         self.peer_max_frame = min(pf, self.max_frame)
         self.peer_max_message = pm
-        self.peer_window = max(1, min(pw, LK_WMAX))
+        self.peer_window = max(1, min(pw, _LK_WMAX))
         if not verified:
             # the peer does not know our current epoch: tell it; an UP session stays up (a
             # stale or forged HELLO must not stop it; a real peer in doubt stops sending and
@@ -3171,7 +3178,7 @@ class LinkSession:
         # handshake anew with a new epoch, so the peer drops its side too (section 3)
         self.c_desync += 1
         if self.state == LINK_UP:
-            self.state = LINK_DOWN
+            self.state = _LINK_DOWN
             self.c_down += 1
             self.handler.link_down()
         self.used = True
@@ -3233,7 +3240,7 @@ class LinkSession:
         if v < 20:
             v = 20
         r = self.srtt + v
-        self.rto = LK_RTO_MIN if r < LK_RTO_MIN else (LK_RTO_MAX if r > LK_RTO_MAX else r)
+        self.rto = _LK_RTO_MIN if r < _LK_RTO_MIN else (_LK_RTO_MAX if r > _LK_RTO_MAX else r)
 
     def _varint(self, b, q, end, max_shift):
         # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
@@ -3305,7 +3312,7 @@ class LinkSession:
                 self.rec_have += 1
                 p += 1
                 h = self._hdr(self.rec_buf, 0, self.rec_have)
-                if h < 0 or (h == 0 and self.rec_have >= LK_RHDR_MAX):
+                if h < 0 or (h == 0 and self.rec_have >= _LK_RHDR_MAX):
                     self.c_proto += 1
                     self.rec_have = 0
                     return
@@ -3512,7 +3519,7 @@ class LinkRosPort:
         elif g < 0:
             g = -g
         r = self._ctl(t, slot, {"topic": topic, "type": type, "qos": qos, "gen": g})
-        if r == LK_OK or r == LK_DOWN:     # down: ros_up hands every registration over again
+        if r == LK_OK or r == _LK_DOWN:     # down: ros_up hands every registration over again
             return
         # Never silently lost: the clients on the slot get an ERROR and their registrations end.
         self.c_reg_failed += 1
@@ -3530,7 +3537,7 @@ class LinkRosPort:
     def _release(self, t, sub, slot):
         key = slot * 2 + sub
         self.gens.pop(key, None)
-        if self._ctl(t, slot, None) not in (LK_OK, LK_DOWN):
+        if self._ctl(t, slot, None) not in (LK_OK, _LK_DOWN):
             self.unreleased[key] = True    # retried at the next registration or stats record
 
     def _retry_releases(self):

@@ -4,12 +4,8 @@
 # main.py calls `gateway.main([...flags...])` or `gateway.main({...options...})` (see README.md
 # next to this file). The counterpart of ports/cpython/gateway.py; the loop is loop.py, the link
 # link.py, as ubrb_host.loop and ubrb_host.link are on CPython.
-import sys
-import gc
-
 import ubrb_min as core
-from ports.micropython import link as mlink
-from ports.micropython.loop import GatewayLoop, Log, STATS_MS, default_io, parse_hostport
+from ports.micropython.loop import Log, STATS_MS, default_io
 
 DEFAULT_LISTEN = "0.0.0.0:8268"
 WIFI_TIMEOUT_S = 20
@@ -105,6 +101,8 @@ def parse_args(argv, opts=None):
         if not a.startswith("--"):
             raise ValueError("unexpected argument %r" % a)
         name, eq, value = a[2:].partition("=")
+        if name.replace("-", "_") not in opts:
+            raise ValueError("unknown flag %s (--help lists them)" % ("--" + name))
         if not eq and _kind(name.replace("-", "_")) == "b":
             value = 1
         elif not eq:
@@ -192,17 +190,19 @@ def link_key(opts, log):
     return key
 
 
-def start(opts, io=None, log=None):
-    """Build (GatewayLoop, Gateway, LinkRosPort or None, LinkDriver or None) from options."""
-    io = io if io is not None else default_io()
-    log = log if log is not None else Log(opts["log_level"])
+def prepare(opts, io, log):
+    """The first half of start-up: everything decided before a buffer is allocated - the profile,
+    the link URL (ValueError here, before Wi-Fi, if malformed), the budget printed, Wi-Fi up.
+    Returns (profile, link sizes or None, budget bytes); run.build() does the rest."""
     profile = profile_from(opts)
-    kind = core.parse_link_url(opts["link"])[0]  # ValueError here, before Wi-Fi, if malformed
-    policy = core.Policy.from_options(opts)  # allow-lists, throttle: ValueError here too
+    kind = core.parse_link_url(opts["link"])[0]
+    # decided before Wi-Fi and before any buffer: ValueError (one line) when they do not do
+    opts["policy"] = core.Policy.from_options(opts)  # allow-lists, throttle
+    opts["key"] = link_key(opts, log) if kind != "none" else None
     sizes = None
     if kind != "none":
         sizes = core.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
-    gc.collect()
+    budget = core.memory_budget(profile, sizes)["total"]
     for line in core.format_budget(opts["profile"], profile, sizes).splitlines():
         log("info", line)
     ssid = opts["wifi_ssid"]
@@ -212,53 +212,49 @@ def start(opts, io=None, log=None):
         pw = getattr(io.config, "WIFI_PASSWORD", pw)
     if ssid:
         wifi_up(io, ssid, pw, opts["wifi_timeout"], log)
-    key = link_key(opts, log) if kind != "none" else None
-    ros, drv = mlink.open_gateway_link(
-        io, opts["link"], baud=opts["baud"], mtu=opts["link_mtu"],
-        max_message=profile["max_payload"], tx=opts["tx"], rx=opts["rx"],
-        max_slots=profile["max_topics"], key=key,
-    )
-    if drv is None:
-        log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")
-    gw = core.Gateway(profile, ros=ros, log=log)
-    if policy.active():
-        gw.set_policy(policy)
-    loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,
-                       stats_ms=opts["stats_ms"])
-    gc.collect()
-    try:
-        log("info", "  heap after start-up: %d bytes used, %d free" % (gc.mem_alloc(), gc.mem_free()))
-    except AttributeError:
-        pass
-    log("info", "UBRB gateway %s listening on %s:%d, link %s"
-        % (core.VERSION, loop.listen_addr[0], loop.listen_addr[1], opts["link"]))
-    return loop, gw, ros, drv
+    return profile, sizes, budget
 
 
-def main(argv=None, io=None):
-    """Run the gateway. argv: a list of flags (as sys.argv[1:]) or a dict of options."""
+def start(opts, io=None, log=None):
+    """Build (GatewayLoop, Gateway, LinkRosPort or None, LinkDriver or None) from options."""
+    from ports.micropython import run
+
+    io = io if io is not None else default_io()
+    log = log if log is not None else Log(opts["log_level"])
+    profile, sizes, budget = prepare(opts, io, log)
+    loop = run.build(opts, profile, budget, io, log)
+    return loop, loop.gw, loop.ros, loop.link
+
+
+def boot(argv=None, io=None):
+    """Options and the first half of start-up: (opts, profile, budget, io, log), or the exit
+    status when it cannot start (each reason one line on stderr: 2 bad options, 1 network;
+    0 after --help)."""
+    from ports.micropython.run import fail
+
     io = io if io is not None else default_io()
     try:
         opts = options(argv, io)
     except ValueError as e:
-        print("ubrb_min.py: %s" % e, file=sys.stderr)
-        return 2
+        return fail(2, e)
     if opts is None:
         print(usage())
         return 0
     log = Log(opts["log_level"])
     try:
-        loop, gw, ros, drv = start(opts, io, log)
+        profile, sizes, budget = prepare(opts, io, log)
     except ValueError as e:
-        print("ubrb_min.py: %s" % e, file=sys.stderr)
-        return 2
+        return fail(2, e)
     except OSError as e:
-        print("ubrb_min.py: %s" % e, file=sys.stderr)
-        return 1
+        return fail(1, e)
     except KeyboardInterrupt:  # Ctrl-C while waiting for Wi-Fi
         return 130
-    loop.serve()  # Ctrl-C (KeyboardInterrupt) ends it; the sockets and the link are closed
-    log("info", "stopped; counters: %s" % gw.counters())
-    if drv is not None:
-        log("info", "link counters: %s" % drv.counters())
-    return 0
+    return opts, profile, budget, io, log
+
+
+def main(argv=None, io=None):
+    """Run the gateway (ports/micropython/run.py: start, unload this module, serve). argv: a list
+    of flags (as sys.argv[1:]) or a dict of options."""
+    from ports.micropython import run
+
+    return run.main(argv, io)

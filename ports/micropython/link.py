@@ -27,8 +27,9 @@
 # recv() -> bytes or None (datagram), readinto(buf) -> n (stream; 0: nothing now),
 # write(buf, off, n) -> n written (0: try later), close().
 import ubrb_min as L
+from ubrb_min import const  # micropython.const on MicroPython (inlined), identity on CPython
 
-MAX_READS = 16  # reads per wake-up, so a flood on the link cannot starve the clients
+_MAX_READS = const(16)  # reads per wake-up, so a flood on the link cannot starve the clients
 
 
 def uart_id(path):
@@ -176,14 +177,14 @@ class LinkDriver:
         t = self.t
         s = self.s
         if t.datagram:
-            for _ in range(MAX_READS):
+            for _ in range(_MAX_READS):
                 d = t.recv()
                 if d is None:
                     return
                 s.feed(d, 0, len(d), now)
         else:
             buf = self.rbuf
-            for _ in range(MAX_READS):
+            for _ in range(_MAX_READS):
                 n = t.readinto(buf)
                 if n <= 0:
                     return

@@ -19,7 +19,10 @@
 #
 # The I/O modules (socket, select, time, machine, network, config) are looked up in an `IO`
 # object, built from the real modules by default; tests pass fakes (tests/core/mp_fakes.py).
+import gc
+
 import ubrb_min as core
+from ubrb_min import const  # micropython.const on MicroPython (inlined), identity on CPython
 
 try:
     import socket as _socket
@@ -42,11 +45,11 @@ try:
 except ImportError:
     _network = None
 
-ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
-POLL_MS = 50  # longest poll() wait: the core's and the link's timers need tick() this often
-STATS_MS = 1000  # gateway counters to the companion (its /diagnostics); 0: never
-MAX_READS = 4  # reads per client per wake-up, so one busy client cannot starve the others
-MAX_WRITES = 4
+_ACCEPT_GRACE_MS = const(2000)  # at start-up, how long clients may wait for the link before being served
+_POLL_MS = const(50)  # longest poll() wait: the core's and the link's timers need tick() this often
+STATS_MS = const(1000)  # gateway counters to the companion (its /diagnostics); 0: never
+_MAX_READS = const(4)  # reads per client per wake-up, so one busy client cannot starve the others
+_MAX_WRITES = const(4)
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
@@ -72,8 +75,8 @@ def default_io():
 
 
 # The clock is moved back by REBASE_STEP whenever it reaches REBASE_AT: times stay below 2**30.
-REBASE_AT = 1 << 29
-REBASE_STEP = 1 << 28
+REBASE_AT = const(1 << 29)
+REBASE_STEP = const(1 << 28)
 
 
 class Clock:
@@ -122,11 +125,21 @@ def parse_hostport(text, default_host="0.0.0.0"):
         raise ValueError("expected HOST:PORT, got %r" % text)
 
 
+def peer_text(addr):
+    """HOST:PORT of an accept()ed peer: lwIP ports give (host, port), the unix port a raw
+    sockaddr (family(2) port(2, big-endian) IPv4(4) ...)."""
+    if isinstance(addr, tuple):
+        return "%s:%s" % (addr[0], addr[1])
+    if len(addr) >= 8 and addr[0] == 2:  # AF_INET (little-endian family field)
+        return "%d.%d.%d.%d:%d" % (addr[4], addr[5], addr[6], addr[7], (addr[2] << 8) | addr[3])
+    return repr(addr)
+
+
 class GatewayLoop:
     """The poll loop: a listening socket, client sockets, and optionally a link driver."""
 
     def __init__(self, gw, listen, link=None, ros=None, io=None, clock=None, log=None,
-                 accept_grace_ms=ACCEPT_GRACE_MS, stats_ms=STATS_MS, backlog=2):
+                 accept_grace_ms=_ACCEPT_GRACE_MS, stats_ms=STATS_MS, backlog=2):
         self.gw = gw
         self.link = link  # LinkDriver or None
         self.ros = ros  # LinkRosPort (send_stats) or None
@@ -166,7 +179,8 @@ class GatewayLoop:
         self.accept_at = now + (accept_grace_ms if link is not None else 0)
         self.stats_ms = stats_ms
         self.stats_at = now + stats_ms
-        self.poll_ms = POLL_MS  # longest wait in poll(); tests on a fake clock set 0
+        self.poll_ms = _POLL_MS  # longest wait in poll(); tests on a fake clock set 0
+        self.budget = 0  # the worst-case memory budget start-up computed (printed by run.py)
         self.link_stream = None
         if link is not None and link.stream is not None:
             try:
@@ -190,6 +204,23 @@ class GatewayLoop:
             self.log("info", "interrupted")
         finally:
             self.close()
+
+    def run(self):
+        """serve() until Ctrl-C, then log the counters; the exit status (0)."""
+        self.serve()
+        gc.collect()  # the buffers are still held: make room for the counters' text
+        try:
+            # against "heap after start-up": what serving left behind (a leak would show here)
+            self.log("info", "heap at stop: %d bytes used, %d free" % (gc.mem_alloc(), gc.mem_free()))
+        except AttributeError:  # CPython (the tests of this port): no heap figures
+            pass
+        try:
+            self.log("info", "stopped; counters: %s" % self.gw.counters())
+            if self.link is not None:
+                self.log("info", "link counters: %s" % self.link.counters())
+        except MemoryError:
+            self.log("info", "stopped (no heap left to print the counters)")
+        return 0
 
     def step(self):
         """One poll round. Never raises: an unexpected exception in one event costs that event
@@ -327,7 +358,7 @@ class GatewayLoop:
                     s.setsockopt(self.ipproto_tcp, self.nodelay, 1)
                 except OSError:
                     pass
-            ci = self.gw.accept(now, r[1])  # the core logs who came and who was refused
+            ci = self.gw.accept(now, peer_text(r[1]))  # the core logs who came, who was refused
             if ci >= 0:
                 self.socks[ci] = s
                 self.mask[ci] = self.POLLIN
@@ -357,7 +388,7 @@ class GatewayLoop:
                 return
         if not gw.interest(ci) & core.WANT_READ:
             return  # it does not read its replies (or is closing): its input waits
-        for _ in range(MAX_READS):
+        for _ in range(_MAX_READS):
             space = dec.space()
             if space == 0:
                 return
@@ -382,7 +413,7 @@ class GatewayLoop:
     def _write(self, ci):
         s = self.socks[ci]
         q = self.gw.clients[ci].queue
-        for _ in range(MAX_WRITES):
+        for _ in range(_MAX_WRITES):
             n = q.peek()
             if n == 0:
                 break

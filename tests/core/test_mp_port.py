@@ -167,7 +167,7 @@ def test_launcher_lands_in_this_port_without_a_second_core():
         sys.argv.clear()
         sys.argv.extend(saved)
     assert code == 2
-    assert "ports.micropython.gateway" in sys.modules
+    assert "ports.micropython.run" in sys.modules
     assert "Gateway" not in g and "LinkSession" not in g
 
 

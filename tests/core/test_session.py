@@ -45,6 +45,20 @@ def test_frames_before_hello_get_hello_required_and_register_nothing():
     assert ros.names() == ["advertise"]
 
 
+def test_ping_before_hello_gets_hello_required_not_pong():
+    # The spec's [decided] rule has no exception for PING (or PONG): hello_required, no PONG,
+    # the connection stays and a PING after HELLO is answered.
+    gw, ros = gateway()
+    c = Client(gw)
+    c.send(U.encode_frame(U.OP_PING, b"") + U.encode_frame(U.OP_PONG, b""))
+    frames = c.frames()
+    assert [op for op, _ in frames] == [U.OP_ERROR, U.OP_ERROR]
+    assert [json.loads(p)["code"] for _, p in frames] == ["hello_required", "hello_required"]
+    assert not c.closing()
+    c.send(hello() + U.encode_frame(U.OP_PING, b""))
+    assert [op for op, _ in c.frames()] == [U.OP_HELLO_ACK, U.OP_PONG]
+
+
 def test_hello_deadline_is_5_s():
     gw, ros = gateway()
     c = Client(gw, now=1000)

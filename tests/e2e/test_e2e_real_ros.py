@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.helpers import E2E_DOMAIN, Client, LinkBridge, ser, string_msg, twist, wait_for
 from tests.support.qos import QOS_BE, QOS_R
 
-from ros_procs import ROS_PYTHON, Peer, require_ros, ros_env  # type: ignore[import-not-found]
+from tests.support.ros_procs import ROS_PYTHON, Peer, require_ros, ros_env
 
 
 @pytest.mark.parametrize("backend", ["dds", "rclpy"])

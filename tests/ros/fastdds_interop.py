@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "ros"))
 
 import ros_helpers  # type: ignore[import-not-found]  # noqa: E402,F401  (loopback, own domain id)
-from ros_procs import Peer, ros_env  # type: ignore[import-not-found]  # noqa: E402
+from tests.support.ros_procs import Peer, ros_env  # noqa: E402
 
 from ros_side.backends.dds import FASTDDS_COMPAT_XML, LOOPBACK_XML, DdsBackend  # noqa: E402
 

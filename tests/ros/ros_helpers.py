@@ -6,13 +6,12 @@ cyclonedds domain exists. Each pytest run uses its own DDS domain id so parallel
 machine do not see each other.
 """
 
-import os
 
-from tests.support.dds import LOOPBACK_XML, confine_this_process  # noqa: F401  (ros_procs)
-from tests.support.procs import ROOT, wait_for  # noqa: F401  (ros_procs, test_real_ros)
+from tests.support.dds import confine_this_process
+from tests.support.procs import ROOT, wait_for  # noqa: F401  (test_real_ros)
 
-# Domain ids 0..232 are valid; keep clear of 0 (the usual ROS domain) and of the low ids.
-TEST_DOMAIN = int(os.environ.get("UBRB_TEST_DOMAIN", str(100 + os.getpid() % 120)))
+from tests.support.ros_procs import TEST_DOMAIN  # this run's DDS domain
+
 confine_this_process(TEST_DOMAIN)
 
 

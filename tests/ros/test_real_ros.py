@@ -22,7 +22,7 @@ from rosbags.interfaces import Nodetype
 from rosbags.typesys import Stores, get_typestore
 
 from ros_helpers import TEST_DOMAIN, wait_for
-from ros_procs import ROS_PYTHON, Host, Peer, require_ros, ros_env, udp_sockets
+from tests.support.ros_procs import ROS_PYTHON, Host, Peer, require_ros, ros_env, udp_sockets
 
 STORE = get_typestore(Stores.ROS2_KILTED)
 

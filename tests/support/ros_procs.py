@@ -9,7 +9,7 @@ to skip them, for a quick local run.
 
 Loopback only: every process gets ``ros_env()``: Fast DDS with the profile in
 ``fastdds_loopback.xml`` (builtin transports off, one UDPv4 transport whitelisted to 127.0.0.1);
-Cyclone with the loopback CYCLONEDDS_URI of ``ros_helpers``. ``ROS_AUTOMATIC_DISCOVERY_RANGE`` is
+Cyclone with the loopback CYCLONEDDS_URI of ``tests.support.dds``. ``ROS_AUTOMATIC_DISCOVERY_RANGE`` is
 left unset on purpose: with ``LOCALHOST`` on top of that profile, rmw_fastrtps (Kilted) opens two
 more UDP sockets, one on 0.0.0.0 and one on the default interface's address (measured with
 ``udp_sockets``); with the profile alone every socket is on 127.0.0.1. ``udp_sockets(pid)`` lists
@@ -25,9 +25,13 @@ import time
 
 import pytest
 
-from ros_helpers import LOOPBACK_XML, ROOT, TEST_DOMAIN
+from tests.support.dds import LOOPBACK_XML
+from tests.support.procs import ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# The DDS domain of this pytest run (tests/ros confines itself to it; each run its own, so parallel
+# runs on one machine do not see each other). Ids 0..232 are valid; keep clear of 0 and the low ids.
+TEST_DOMAIN = int(os.environ.get("UBRB_TEST_DOMAIN", str(100 + os.getpid() % 120)))
+HERE = os.path.join(ROOT, "tests", "ros")   # the peer scripts and the Fast DDS profile
 ROS_PYTHON = os.path.join(ROOT, ".venv-ros", "bin", "python")
 FASTDDS_XML = os.path.join(HERE, "fastdds_loopback.xml")
 PEER = os.path.join(HERE, "ros_peer.py")

@@ -1,0 +1,98 @@
+# The board's entry point: the generated main.py (tools/deploy.py) and `micropython ubrb_min.py`
+# land in main() here. Start-up is done in two halves so the code of the first is gone before
+# the second allocates the gateway's buffers:
+#
+#   1. gateway.py (options, usage, Wi-Fi, the budget printed): boot() -> options and profile;
+#      then gateway.py is unloaded - code that has done its job, and on a board without PSRAM
+#      every KiB of heap counts (ports/micropython/README.md, "Memory");
+#   2. build() here: the link, the Gateway, the GatewayLoop - the buffers of the budget.
+#
+# It then prints the one figure a user sizing a board reads - the worst-case budget (buffers,
+# topic strings, link session) plus the heap the loaded code and module state take - and serves
+# until Ctrl-C.
+import gc
+import sys
+
+import ubrb_min as core
+from ports.micropython import link as mlink
+from ports.micropython.loop import GatewayLoop, parse_hostport
+
+
+
+
+def heap():
+    """(used, free) heap bytes after a collection; (0, 0) where gc has no figures (CPython)."""
+    gc.collect()
+    try:
+        return gc.mem_alloc(), gc.mem_free()
+    except AttributeError:
+        return 0, 0
+
+
+def fail(status, why):
+    """One line on stderr for a person; the exit status."""
+    print("ubrb_min.py: %s" % why, file=sys.stderr)
+    return status
+
+
+def unload(name):
+    """Forget module `name` (sys.modules and its package's attribute) so the collector can free
+    its bytecode and globals once nothing else refers to them."""
+    sys.modules.pop(name, None)
+    pkg, _, attr = name.rpartition(".")
+    parent = sys.modules.get(pkg)
+    if parent is not None and attr in parent.__dict__:
+        delattr(parent, attr)
+
+
+def build(opts, profile, budget, io, log):
+    """The second half of start-up: the link, the Gateway and the GatewayLoop, listening."""
+    ros, drv = mlink.open_gateway_link(
+        io, opts["link"], baud=opts["baud"], mtu=opts["link_mtu"],
+        max_message=profile["max_payload"], tx=opts["tx"], rx=opts["rx"],
+        max_slots=profile["max_topics"], key=opts["key"],
+    )
+    if drv is None:
+        log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")
+    gw = core.Gateway(profile, ros=ros, log=log)
+    if opts["policy"].active():
+        gw.set_policy(opts["policy"])
+    loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,
+                       stats_ms=opts["stats_ms"])
+    loop.budget = budget
+    log("info", "UBRB gateway %s listening on %s:%d, link %s"
+        % (core.VERSION, loop.listen_addr[0], loop.listen_addr[1], opts["link"]))
+    return loop
+
+
+def main(argv=None, io=None):
+    """Run the gateway. argv: a list of flags (as sys.argv[1:]) or a dict of options. Returns the
+    exit status: 0 after Ctrl-C (or --help), 2 for bad options, 1 when the network, the listener
+    or the heap does not allow a start."""
+    code = heap()[0]  # this module and what it imports are loaded: the code that stays
+    from ports.micropython import gateway
+
+    first = gateway.boot(argv, io)
+    gateway = None
+    unload("ports.micropython.gateway")
+    if isinstance(first, int):
+        return first
+    opts, profile, budget, io, log = first
+    first = None
+    heap()
+    try:
+        loop = build(opts, profile, budget, io, log)
+    except ValueError as e:
+        return fail(2, e)
+    except OSError as e:
+        return fail(1, e)
+    except MemoryError:
+        free = heap()[1]
+        return fail(1, "not enough heap for profile %s (%d bytes free after the code): lower the "
+                       "limits (--help lists them) or use a board with more RAM"
+                    % (opts["profile"], free))
+    used, free = heap()
+    log("info", "memory: budget %s + code %s = %s; heap after start-up: %d bytes used, %d free"
+        % (core.human_bytes(budget), core.human_bytes(code), core.human_bytes(budget + code),
+           used, free))
+    return loop.run()
