@@ -352,6 +352,11 @@ class FrameDecoder:
         self.fill = self.pos = self.skip = 0
         self.error = ""
 
+    def hold(self):
+        """Give back the frame next() just returned: it stays in the buffer, the next call
+        returns it again (a reliable PUBLISH waiting for link room; see Gateway.received)."""
+        self.skip = 0
+
     def next(self):
         """The op of the next whole frame (payload at buf[poff:poff+plen]), NEED_MORE or MALFORMED."""
         if self.skip:
@@ -730,6 +735,7 @@ class ClientSession:
         self.rx_frames = 0
         self.tx_frames = 0
         self.dropped = 0
+        self.blocked = False  # holds a reliable PUBLISH the ROS side cannot take yet: not read
 
     def open(self, now):
         self.state = S_OPEN
@@ -749,6 +755,7 @@ class ClientSession:
         self.counts_sent_ms = now - SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.rx_frames = self.tx_frames = self.dropped = 0
+        self.blocked = False
 
     def evictable(self, sid):
         # A MESSAGE whose subscription is gone, or best_effort, may be evicted from the queue.
@@ -852,6 +859,13 @@ class Gateway:
         self.ros_max_message = 0
         self.now = 0
         self.publishing = -1  # client index inside ros.publish(), for errors raised synchronously
+        # Backpressure (docs/PROTOCOL.md): ros.room(n) says whether a reliable message of n bytes
+        # can be taken now (a link's send budget); a port without it (direct mode: DDS's own
+        # write blocks) never makes a client wait. Waiting clients are served in turn.
+        self.ros_room = getattr(self.ros, "room", None)
+        self.n_blocked = 0  # clients holding a reliable PUBLISH that waits for room
+        self.rr = 0  # the next waiting client to get a turn
+        self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
         self.stats = {
             "clients_accepted": 0,
             "clients_rejected": 0,
@@ -905,8 +919,8 @@ class Gateway:
         """What the port waits for on client ci's socket: WANT_READ and/or WANT_WRITE. A closing
         client is not read any more; it is watched for writing until its queue is flushed."""
         c = self.clients[ci]
-        if c.state == S_CLOSING:
-            return WANT_WRITE
+        if c.state == S_CLOSING or c.blocked:  # blocked: TCP pushes back on the client
+            return WANT_WRITE if c.queue.pending() else 0
         return WANT_READ | WANT_WRITE if c.queue.pending() else WANT_READ
 
     def flushed_close(self, ci):
@@ -943,6 +957,13 @@ class Gateway:
                 self._error(c, None, "protocol_error", d.error)
                 self._close(c, "malformed frame: " + d.error)
                 return
+            if op == OP_PUBLISH and self.ros_room is not None and \
+                    self._must_wait(c, d.buf, d.poff, d.plen):
+                d.hold()  # stays in the decoder; the socket is not read until _resume
+                if not c.blocked:
+                    c.blocked = True
+                    self.n_blocked += 1
+                return
             c.rx_frames += 1
             self.stats["frames_in"] += 1
             if op == OP_PUBLISH:
@@ -963,15 +984,21 @@ class Gateway:
                 self._release(c, SUB, j)
         c.queue.clear()
         c.decoder.reset()
+        if c.blocked:
+            c.blocked = False
+            self.n_blocked -= 1
         c.state = S_FREE
 
     def tick(self, now):
         self.now = now
+        if self.n_blocked:
+            self._resume(now)
         for c in self.clients:
             if c.state == S_OPEN and now - c.accepted_ms >= HELLO_TIMEOUT_MS:
                 self._error(c, None, "hello_required", "no HELLO within 5 s of connecting")
                 self._close(c, "no HELLO within 5 s")
-            elif (c.state == S_OPEN or c.state == S_READY) and now - c.last_rx_ms >= IDLE_TIMEOUT_MS:
+            elif (c.state == S_OPEN or c.state == S_READY) and not c.blocked and \
+                    now - c.last_rx_ms >= IDLE_TIMEOUT_MS:
                 self._close(c, "nothing received for 10 s")
             elif (
                 c.state == S_READY
@@ -1002,6 +1029,50 @@ class Gateway:
             if c.state == S_READY and c.counts_dirty:
                 t = min(t, c.counts_sent_ms + SUB_COUNT_INTERVAL_MS - now)
         return max(0, t)
+
+    # -- backpressure ----------------------------------------------------------------------------
+    def _must_wait(self, c, buf, off, n):
+        """True when this PUBLISH is reliable and must wait for room on the ROS side: there is
+        none, or other clients are already waiting (they go first: fair shares of the link).
+        Anything _on_publish would refuse or drop anyway does not wait."""
+        if c.state != S_READY or n < 4 or not self.ros_ready or buf[off + 3] >= 0x40 or \
+                n - 4 > self.ros_max_message:
+            return False
+        i = c.find_pub(get_u32(buf, off))
+        if i < 0 or not self.pubs.reliable[c.pub_slot[i]]:
+            return False
+        if self.pass_ci == c.index:  # its turn (see _resume)
+            if self.ros_room(n - 4):
+                self.pass_ci = -1
+                return False
+            return True
+        return self.n_blocked > 0 or not self.ros_room(n - 4)
+
+    def _resume(self, now):
+        """Hand the room freed on the ROS side to waiting clients, one held frame each in turn,
+        until the next in line does not fit (it keeps its turn). A client with nothing more
+        held is read again; one that meets its next reliable PUBLISH waits in line again."""
+        cl = self.clients
+        n = len(cl)
+        idle = 0
+        while self.n_blocked and idle < n:
+            ci = self.rr
+            self.rr = ci + 1 if ci + 1 < n else 0
+            c = cl[ci]
+            if not c.blocked:
+                idle += 1
+                continue
+            idle = 0
+            c.blocked = False
+            self.n_blocked -= 1
+            c.last_rx_ms = now  # it was waiting for us, not idle
+            self.pass_ci = ci
+            self.received(ci, 0, now)
+            passed = self.pass_ci != ci
+            self.pass_ci = -1
+            if c.blocked and not passed:  # its frame still does not fit: it stays first in line
+                self.rr = ci
+                return
 
     # -- frames from a client ------------------------------------------------------------------
     def _on_publish(self, c, buf, off, n):
@@ -1391,6 +1462,8 @@ LK_RTO_MIN = 40
 LK_RTO_MAX = 2000
 LK_FRAG_MS = 2000
 LK_ACK_REP_MS = 30
+LK_STATS_SHARE = 200  # stats take at most 1/200 of a paced line's time (see send_stats)
+LK_STATS_MAX_MS = 10000  # ... and wait for an idle link at most this long
 LK_WMAX = 32        # largest window; frame table has 64 entries indexed by seq & 63
 
 # record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
@@ -1560,6 +1633,7 @@ class LinkOutput:
 
     def __init__(self, session, bytes_per_s):
         self.s = session
+        session.line_bps = bytes_per_s  # for the session's RTO floor and the stats budget
         self.pace = bytes_per_s  # 0: unpaced (UDP)
         self.credit = 0  # milli-bytes, see pace_credit
         self.last = -1  # time of the last start(), -1 before the first
@@ -1592,6 +1666,13 @@ class LinkOutput:
         if self.pace:
             self.credit -= k * 1000
         return self.n == 0
+
+    def wait_ms(self):
+        """How long until the pacing lets the next frame out (0: now); a loop with a frame
+        to send sleeps no longer than this, so a paced line does not sit idle."""
+        if self.pace and self.credit <= 0:
+            return -self.credit // self.pace + 1
+        return 0
 
     def drop(self):
         """The device is gone with a half-written frame: the peer resyncs, we start afresh."""
@@ -1646,6 +1727,7 @@ class LinkSession:
         self.srtt = 0
         self.rttvar = 0
         self.rto = LK_RTO_INIT
+        self.line_bps = 0  # paced line rate (bytes/s; LinkOutput sets it), 0: fast or unknown
         # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
@@ -1721,6 +1803,17 @@ class LinkSession:
         if b < m:
             m = b
         return m if m > 0 else 0
+
+    def rel_room(self, n):
+        """True when a reliable data record of `n` payload bytes should be queued now: it fits
+        the ring (minus the control reserve) and what is queued but not yet framed stays below
+        one window of frames. The link then always has its next window ready, and a burst waits
+        where it came from (the client's socket, a DDS reader) instead of in the ring, where it
+        would delay registrations and results by the whole ring's line time."""
+        q = self.rel_queued
+        if q + n + LK_RHDR_MAX > len(self.rel) - self.rel_res:
+            return False
+        return q - self.rel_framed < self.peer_window * self.peer_max_frame
 
     def counters(self):
         d = {}
@@ -1847,10 +1940,9 @@ class LinkSession:
         # as is (c & 0xFF etc. would each allocate another one).
         struct.pack_into("<I", self.tx_buf, L - 4, _lk_crc32(self.tx_mv[0:L - 4], seed))
         self.last_tx = now
-        if self.ack_pending:
-            # repeat a fresh ack once if nothing else follows it: a lost pure ACK
-            # would otherwise stall the sender until its RTO
-            self.ack_rep = now + LK_ACK_REP_MS
+        # repeat a fresh ack once if nothing else follows it (a lost pure ACK would otherwise
+        # stall the sender until its RTO); any later frame carries the ack and cancels that
+        self.ack_rep = now + LK_ACK_REP_MS if self.ack_pending else 0
         self.ack_pending = False
         self.c_tx_frames += 1
         self.c_tx_bytes += L
@@ -2217,7 +2309,11 @@ class LinkSession:
         if v < 20:
             v = 20
         r = self.srtt + v
-        self.rto = LK_RTO_MIN if r < LK_RTO_MIN else (LK_RTO_MAX if r > LK_RTO_MAX else r)
+        lo = LK_RTO_MIN
+        if self.line_bps:
+            # an ACK may wait behind a whole frame each way: never time out faster than that
+            lo += 2 * self.peer_max_frame * 1000 // self.line_bps
+        self.rto = lo if r < lo else (LK_RTO_MAX if r > LK_RTO_MAX else r)
 
     def _varint(self, b, q, end, max_shift):
         # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
@@ -2399,6 +2495,9 @@ class LinkRosPort:
         self.c_congested = 0
         self.c_too_large = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
+        self._stats = {}          # the counters the companion last got (send_stats)
+        self.stats_at = -LK_STATS_MAX_MS  # when they went (ms)
+        self.stats_gap = 0        # line time budget: no stats before stats_at + stats_gap
 
     def _ctl(self, t, slot, obj):
         b = link_record_body(obj) if obj is not None else b""
@@ -2419,6 +2518,10 @@ class LinkRosPort:
 
     def max_message(self):
         return self.s.max_send()
+
+    def room(self, n):
+        """Backpressure (Gateway._must_wait): can a reliable message of n bytes go now?"""
+        return self.s.rel_room(n)
 
     def publish(self, slot, buf, off, n, reliable):
         r = self.s.send(LK_T_PUB, slot, buf, off, n, reliable, False)
@@ -2442,14 +2545,42 @@ class LinkRosPort:
                                         "link send buffer full; reliable message dropped")
 
     def send_stats(self, d):
-        b = link_record_body(d)
-        return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
+        """Offer the gateway's counters `d` for the companion's /diagnostics (ports call this
+        about once a second). Only the counters that changed since the last record go, only
+        when the link has nothing else queued (or has not sent stats for LK_STATS_MAX_MS), and
+        on a paced line no more than 1/LK_STATS_SHARE of its time: a stats frame cannot be
+        interrupted, and every message behind it waits its whole line time. True when sent."""
+        s = self.s
+        now = s.now
+        if now - self.stats_at < self.stats_gap:
+            return False
+        if (s.rel_queued or s.be_n) and now - self.stats_at < LK_STATS_MAX_MS:
+            return False
+        last = self._stats
+        ch = {}
+        for k in d:
+            if last.get(k) != d[k]:
+                ch[k] = d[k]
+        if not ch:
+            return False
+        try:
+            b = json.dumps(ch, separators=(",", ":")).encode()
+        except TypeError:  # a MicroPython without separators=
+            b = link_record_body(ch)
+        if s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False) != LK_OK:
+            return False
+        last.update(ch)
+        self.stats_at = now
+        n = len(b) + LK_OVH + LK_RHDR_MAX
+        self.stats_gap = n * 1000 * LK_STATS_SHARE // s.line_bps if s.line_bps else 0
+        return True
 
     def rebase(self, d):
         """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
         self.s.rebase(d)
         for k in self._rep:
             self._rep[k] -= d
+        self.stats_at -= d
 
     def counters(self):
         d = self.s.counters()
@@ -2460,6 +2591,8 @@ class LinkRosPort:
     # link handler
     def link_up(self, fresh):
         self.link_is_up = True        # ros_up follows the companion's hello
+        if fresh:
+            self._stats = {}          # a new companion gets every counter
 
     def link_down(self):
         self.link_is_up = False

@@ -134,8 +134,9 @@ class Companion:
         self._max_message = int(n)
 
     def gateway_stats(self, stats):
-        """Latest gateway counters (a flat dict); merged into diagnostics()."""
-        self._group_stats["gateway"] = dict(stats)
+        """Gateway counters (a flat dict; the gateway sends only those that changed), merged
+        into diagnostics()."""
+        self._group_stats.setdefault("gateway", {}).update(stats)
 
     def set_stats(self, group, stats):
         """Counters of another part (e.g. ``"link"``), merged into diagnostics() as ``group.key``."""

@@ -76,6 +76,9 @@ class GatewayServer:
             self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
         timeout = self.gw.next_deadline(now) / 1000.0
         timeout = min(timeout, 0.05)
+        wait = getattr(self.link, "wait_ms", None)  # a paced link: wake when it may send again
+        if wait is not None and wait():
+            timeout = min(timeout, wait() / 1000.0)
         for key, events in self.sel.select(timeout):
             kind, ci = key.data
             now = now_ms()
@@ -163,8 +166,8 @@ class GatewayServer:
                 return
             total += n
             self.gw.received(ci, n, now)
-            if self.gw.wants_close(ci):
-                break
+            if not self.gw.interest(ci) & core.WANT_READ:
+                break  # closing, or waiting for link room (backpressure): leave it in TCP
 
     def _write(self, ci: int) -> None:
         sock = self.socks[ci]
@@ -187,8 +190,15 @@ class GatewayServer:
         want = self.gw.interest(ci)
         events = (selectors.EVENT_READ if want & core.WANT_READ else 0) | (
             selectors.EVENT_WRITE if want & core.WANT_WRITE else 0)
-        key = self.sel.get_key(sock)
-        if key.events != events:
+        try:
+            key = self.sel.get_key(sock)
+        except KeyError:  # not watched at all while blocked with nothing to send
+            if events:
+                self.sel.register(sock, events, ("client", ci))
+            return
+        if not events:  # selectors refuse an empty event mask
+            self.sel.unregister(sock)
+        elif key.events != events:
             self.sel.modify(sock, events, key.data)
 
     def _drop(self, ci: int, reason: str) -> None:
