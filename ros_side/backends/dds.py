@@ -55,6 +55,7 @@ from cyclonedds.core import (DDSException, GuardCondition, InstanceState, ReadCo
                              SampleState, ViewState, WaitSet)
 from cyclonedds.domain import Domain, DomainParticipant
 from cyclonedds.internal import dds_infinity
+from cyclonedds.util import duration
 from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
 from cyclonedds.sub import DataReader
@@ -78,6 +79,7 @@ LOOPBACK_XML = (
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
+WRITE_BLOCK_S = 1  # longest a reliable write waits for slow readers (the link stays alive: < 2 s)
 
 
 def localhost_only(env=None):
@@ -109,10 +111,18 @@ def default_domain(env=None):
 def make_qos(qos, writer, type_hash=None):
     """The DDS QoS rmw_cyclonedds would use for this UBRB qos (see the module docstring)."""
     reliable, transient_local, depth = normalize_qos(qos)
+    # The companion's writer of a reliable volatile topic keeps every sample until each reader
+    # has it (KEEP_ALL; History is not a requested-offered policy, so matching is unchanged):
+    # with KEEP_LAST(depth) a burst from the gateway overwrote samples a slower reader had not
+    # acknowledged yet. Cyclone then throttles write() at its WHC high-water mark, for at most
+    # WRITE_BLOCK_S: the companion's loop waits, the link stops taking, the gateway stops
+    # reading the client - backpressure from the slowest reader to the UBRB client.
+    keep_all = writer and reliable and not transient_local
     pols = [
-        Policy.History.KeepLast(depth),
-        Policy.Reliability.Reliable(max_blocking_time=dds_infinity) if reliable
-        else Policy.Reliability.BestEffort,
+        Policy.History.KeepAll if keep_all else Policy.History.KeepLast(depth),
+        Policy.Reliability.Reliable(
+            max_blocking_time=duration(seconds=WRITE_BLOCK_S) if keep_all else dds_infinity)
+        if reliable else Policy.Reliability.BestEffort,
         Policy.Durability.TransientLocal if transient_local else Policy.Durability.Volatile,
         Policy.Liveliness.Automatic(lease_duration=dds_infinity),
         Policy.DataRepresentation(use_cdrv0_representation=True),
