@@ -297,6 +297,9 @@ def move_down(buf, dst, src, n):
         mv[dst : dst + n] = mv[src : src + n]
 
 
+DECODER_SHORT = 2048  # a partial frame this short is moved to the decoder's front (_compact)
+
+
 def encode_frame(op, payload):
     """A whole frame as bytes (control frames, tests, clients)."""
     b = bytearray(HDR + len(payload))
@@ -396,12 +399,14 @@ class FrameDecoder:
         return op
 
     def _compact(self, frame_len):
-        # Move the partial frame to the front only when it cannot complete where it is, so a large
-        # frame arriving in many reads is never moved more than once.
+        # Move the partial frame to the front when it cannot complete where it is, or when it is
+        # short (a cheap copy): the buffer is then reused from its start, so a client streaming
+        # small frames touches only the front of a big (mapped) buffer, not all of it over time;
+        # a large frame arriving in many reads is still moved at most once.
         p = self.pos
         if p == self.fill:
             self.pos = self.fill = 0
-        elif p + frame_len > self.cap:
+        elif p + frame_len > self.cap or (p > 0 and self.fill - p <= DECODER_SHORT):
             move_down(self.buf, 0, p, self.fill - p)
             self.fill -= p
             self.pos = 0

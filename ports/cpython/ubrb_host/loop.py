@@ -16,7 +16,8 @@ import ubrb_min as core
 
 log = logging.getLogger("ubrb.gateway")
 
-ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
+ACCEPT_GRACE_MS = 2000
+READ_CHUNK = 256 * 1024  # bytes per recv: with the decoder's compaction, what a client touches  # at start-up, how long clients may wait for the link before being served
 
 
 def now_ms() -> int:
@@ -154,7 +155,7 @@ class GatewayServer:
             if dec.space() == 0:
                 break
             try:
-                n = sock.recv_into(memoryview(dec.buf)[dec.fill :], dec.space())
+                n = sock.recv_into(memoryview(dec.buf)[dec.fill :], min(dec.space(), READ_CHUNK))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
