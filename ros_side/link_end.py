@@ -117,6 +117,10 @@ class LinkCompanionEnd:
             self.s.c_proto += 1
 
     # GatewaySink
+    def room(self, n):
+        """Backpressure (Companion.poll): can a reliable message of n bytes go now?"""
+        return self.s.rel_room(n)
+
     def ros_up(self, distro, max_message):
         pass
 

@@ -158,7 +158,7 @@ class _Pub:
 
 
 class _Sub:
-    __slots__ = ("topic", "type", "reader", "cond", "callback", "handle_id", "active")
+    __slots__ = ("topic", "type", "reader", "cond", "callback", "handle_id", "active", "paused")
 
     def __init__(self, topic, ros_type, reader, cond, callback):
         self.topic = topic
@@ -168,6 +168,7 @@ class _Sub:
         self.callback = callback
         self.handle_id = reader.instance_handle
         self.active = True
+        self.paused = False  # the callback asked to stop taking (see resume_subscription)
 
 
 class DdsBackend:
@@ -359,16 +360,34 @@ class DdsBackend:
         if reader is None:
             return
         ref = reader._ref
-        while sub.active:
+        stop = False
+        while sub.active and not stop:
             got = ddspy_take(ref, _ANY, _TAKE_BATCH)
             if isinstance(got, int) or not got:
                 return  # error (e.g. reader deleted meanwhile) or nothing left
             for data, info in got:
                 if info.valid_data and sub.active:
                     try:
-                        sub.callback(data)
+                        if sub.callback(data) is False:
+                            stop = True
                     except Exception:  # a callback must never kill the thread
                         self.callback_errors += 1
                         log.exception("subscription callback failed on %s", sub.topic)
             if len(got) < _TAKE_BATCH:
-                return
+                break
+        if stop:
+            # The callback's consumer is full: take nothing more from this reader until
+            # resume_subscription. The samples wait in the DDS reader (its history, as the
+            # subscription's QoS says) and a reliable writer is held back by DDS itself.
+            with self._lock:
+                if sub.active and not sub.paused:
+                    self._ws.detach(sub.cond)
+                    sub.paused = True
+
+    def resume_subscription(self, handle):
+        """Take from a reader paused by its callback (returning False) again."""
+        with self._lock:
+            if handle.active and handle.paused:
+                handle.paused = False
+                self._ws.attach(handle.cond)
+                self._wake.set(True)
