@@ -1469,6 +1469,7 @@ LK_FRAG_MS = 2000
 LK_ACK_REP_MS = 30
 LK_STATS_SHARE = 200  # stats take at most 1/200 of a paced line's time (see send_stats)
 LK_STATS_MAX_MS = 10000  # ... and wait for an idle link at most this long
+LK_STATS_CHUNK = 128  # bytes of counters per stats record on a paced line (11 ms at 115200)
 LK_WMAX = 32        # largest window; frame table has 64 entries indexed by seq & 63
 
 # record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
@@ -2503,6 +2504,7 @@ class LinkRosPort:
         self._stats = {}          # the counters the companion last got (send_stats)
         self.stats_at = -LK_STATS_MAX_MS  # when they went (ms)
         self.stats_gap = 0        # line time budget: no stats before stats_at + stats_gap
+        self.stats_from = 0       # where the next record starts among the counters
 
     def _ctl(self, t, slot, obj):
         b = link_record_body(obj) if obj is not None else b""
@@ -2563,9 +2565,27 @@ class LinkRosPort:
             return False
         last = self._stats
         ch = {}
-        for k in d:
-            if last.get(k) != d[k]:
-                ch[k] = d[k]
+        # On a paced line a record carries at most LK_STATS_CHUNK bytes of counters, so a
+        # message behind it waits ~10 ms, not a whole frame; the rest follow in later records,
+        # resuming where this one stopped so that every counter gets its turn.
+        keys = list(d)
+        n = len(keys)
+        cap = LK_STATS_CHUNK if s.line_bps else 0
+        size = 2
+        j = 0
+        while j < n:
+            k = keys[(self.stats_from + j) % n]
+            v = d[k]
+            j += 1
+            if last.get(k) == v:
+                continue
+            if cap:
+                size += len(k) + len(str(v)) + 4
+                if size > cap and ch:
+                    j -= 1
+                    break
+            ch[k] = v
+        self.stats_from = (self.stats_from + j) % n if n else 0
         if not ch:
             return False
         try:
