@@ -1754,7 +1754,11 @@ class LinkSession:
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
         self.be_tag = bytearray(6)
-        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its queued record
+        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its newest record
+        # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
+        # set_depth) and how many do (live, not started)
+        self.be_depth = bytearray(b"\x01" * (max_slots + 1))
+        self.be_cnt = bytearray(max_slots + 1)
         self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
         # -- counters: plain ints (increments allocate nothing); counters() reports every
         # name of _LK_COUNTERS (as c_<name>): a new counter goes here and there
@@ -1794,6 +1798,7 @@ class LinkSession:
         self.be_mask = 0
         for i in range(len(self.be_last)):
             self.be_last[i] = -1
+            self.be_cnt[i] = 0
         self.turn = 0
 
     def is_up(self):
@@ -1809,6 +1814,13 @@ class LinkSession:
         if b < m:
             m = b
         return m if m > 0 else 0
+
+    def set_depth(self, slot, depth):
+        """Best-effort records of `slot` keep the newest `depth` (its KEEP_LAST depth, capped at
+        255) while they wait for the line, instead of only the newest: on a busy line several of
+        them share one frame (docs/LINK.md, "Best-effort")."""
+        if slot < self.max_slots:
+            self.be_depth[slot] = 1 if depth < 1 else (255 if depth > 255 else depth)
 
     def rel_room(self, n):
         """True when a reliable data record of `n` payload bytes should be queued now: it fits
@@ -1870,12 +1882,8 @@ class LinkSession:
         be = self.be
         cap = len(be)
         key = slot if slot < self.max_slots else self.max_slots
-        old = self.be_last[key]
-        if old >= 0:                      # newest wins: the pending one dies
-            be[old] = 0
-            self.be_live -= 1
-            self.be_last[key] = -1
-            self.c_drop_be += 1
+        if self.be_cnt[key] >= self.be_depth[key]:  # newest win: the oldest pending one dies
+            self._be_kill(key)
         tot = 6 + need
         while cap - self.be_n < tot:      # full: drop the oldest
             if self._be_pop():
@@ -1884,6 +1892,7 @@ class LinkSession:
         if pos >= cap:
             pos -= cap
         self.be_last[key] = pos
+        self.be_cnt[key] += 1
         tag = self.be_tag                    # live, key(2), record length(3)
         tag[0] = 1
         tag[1] = key & 0xFF
@@ -1904,6 +1913,30 @@ class LinkSession:
         self.be_live += 1
         return LK_OK
 
+    def _be_kill(self, key):
+        # the oldest pending (live, not started) record of `key` is superseded: mark it dead
+        be = self.be
+        cap = len(be)
+        pos = self.be_last[key]
+        if self.be_cnt[key] > 1:          # depth > 1: find the oldest from the head
+            h = self.be_head
+            left = self.be_n
+            while left > 0:
+                w = 6 + (be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) |
+                         (be[(h + 5) % cap] << 16))
+                if be[h] and (be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)) == key and \
+                        not (h == self.be_head and self.be_sent_part > 0):
+                    pos = h
+                    break
+                h = (h + w) % cap
+                left -= w
+        be[pos] = 0
+        self.be_live -= 1
+        self.be_cnt[key] -= 1
+        if self.be_last[key] == pos:
+            self.be_last[key] = -1
+        self.c_drop_be += 1
+
     def _be_pop(self):
         # drop the head record of the best-effort ring; True if it was live
         be = self.be
@@ -1916,6 +1949,8 @@ class LinkSession:
             self.be_last[key] = -1
         if live:
             self.be_live -= 1
+            if self.be_sent_part == 0:    # not started: it was counted as pending
+                self.be_cnt[key] -= 1
         h += 6 + w
         self.be_head = h % cap
         self.be_n -= 6 + w
@@ -2038,6 +2073,7 @@ class LinkSession:
                     key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
                     if self.be_last[key] == h:
                         self.be_last[key] = -1
+                    self.be_cnt[key] -= 1
                 q = _lk_putvar(tx, q, w)
                 q = _lk_putvar(tx, q, self.be_sent_part)
                 k = w - self.be_sent_part
@@ -2512,6 +2548,7 @@ class LinkRosPort:
 
     # RosPort
     def advertise(self, slot, topic, type, qos):
+        self.s.set_depth(slot, qos.get("depth", 1) if qos else 1)
         self._ctl(LK_T_ADV, slot, {"topic": topic, "type": type, "qos": qos})
 
     def unadvertise(self, slot):

@@ -96,6 +96,7 @@ class LinkCompanionEnd:
             if sub:
                 q = d.get("qos") or {}
                 self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
+                self.s.set_depth(slot, q.get("depth", 1))
                 c.subscribe(slot, d["topic"], d["type"], d.get("qos"))
             else:
                 c.advertise(slot, d["topic"], d["type"], d.get("qos"))

@@ -224,3 +224,21 @@ def test_paced_output_says_when_the_next_frame_may_go():
     assert n and out.wrote(n)
     w = out.wait_ms()
     assert 0 < w <= (n * 1000) // 11520 + 1   # the line time of what exceeded the credit
+
+
+def test_best_effort_keeps_the_topics_depth_newest_and_sends_them_in_one_frame():
+    p, g, c, port, sink = up_pair()
+    port.advertise(1, "/t", "std_msgs/msg/String",
+                   {"reliability": "best_effort", "durability": "volatile", "depth": 3})
+    port.advertise(2, "/u", "std_msgs/msg/String",
+                   {"reliability": "best_effort", "durability": "volatile", "depth": 1})
+    p.run(20)
+    del sink[:]
+    for i in range(5):
+        g.send(U.LK_T_PUB, 1, b"t%d" % i, 0, 2, False)
+        g.send(U.LK_T_PUB, 2, b"u%d" % i, 0, 2, False)
+    assert g.c_drop_be == 2 + 4                # superseded before they ever went out
+    seq = g.be_seq
+    p.run(5)
+    assert [m for t, m in sink if t == U.LK_T_PUB] == [b"t2", b"t3", b"t4", b"u4"]
+    assert (g.be_seq - seq) & 255 == 1         # one frame for the four
