@@ -9,7 +9,9 @@ UBRB qos               DDS QoS
 =====================  =======================================================================
 depth N                HISTORY KEEP_LAST(N); N = 0 -> 1 (rmw refuses depth < 1 after
                        mapping RMW_QOS_POLICY_DEPTH_SYSTEM_DEFAULT (0) to 1)
-reliable               RELIABILITY RELIABLE, max_blocking_time = infinite
+reliable               RELIABILITY RELIABLE, max_blocking_time = infinite; our *writers* of
+                       reliable volatile topics are KEEP_ALL, max_blocking_time WRITE_BLOCK_S
+                       (backpressure: a burst waits for slow readers, see make_qos)
 best_effort            RELIABILITY BEST_EFFORT
 volatile               DURABILITY VOLATILE
 transient_local        DURABILITY TRANSIENT_LOCAL + DURABILITY_SERVICE(cleanup 0, KEEP_LAST(N),
