@@ -342,6 +342,9 @@ def move_down(buf, dst, src, n):
         mv[dst : dst + n] = mv[src : src + n]
 
 
+DECODER_SHORT = 2048  # a partial frame this short is moved to the decoder's front (_compact)
+
+
 def encode_frame(op, payload):
     """A whole frame as bytes (control frames, tests, clients)."""
     b = bytearray(HDR + len(payload))
@@ -457,6 +460,11 @@ class FrameDecoder:
         self.fill = self.pos = self.skip = 0
         self.error = ""
 
+    def hold(self):
+        """Give back the frame next() just returned: it stays in the buffer, the next call
+        returns it again (a reliable PUBLISH waiting for link room; see Gateway.received)."""
+        self.skip = 0
+
     def next(self):
         """The op of the next whole frame (payload at buf[poff:poff+plen]), NEED_MORE or MALFORMED."""
         if self.skip:
@@ -496,12 +504,14 @@ class FrameDecoder:
         return op
 
     def _compact(self, frame_len):
-        # Move the partial frame to the front only when it cannot complete where it is, so a large
-        # frame arriving in many reads is never moved more than once.
+        # Move the partial frame to the front when it cannot complete where it is, or when it is
+        # short (a cheap copy): the buffer is then reused from its start, so a client streaming
+        # small frames touches only the front of a big (mapped) buffer, not all of it over time;
+        # a large frame arriving in many reads is still moved at most once.
         p = self.pos
         if p == self.fill:
             self.pos = self.fill = 0
-        elif p + frame_len > self.cap:
+        elif p + frame_len > self.cap or (p > 0 and self.fill - p <= DECODER_SHORT):
             move_down(self.buf, 0, p, self.fill - p)
             self.fill -= p
             self.pos = 0
@@ -955,6 +965,7 @@ class ClientSession:
         self.rx_frames = 0
         self.tx_frames = 0
         self.dropped = 0
+        self.blocked = False  # holds a reliable PUBLISH the ROS side cannot take yet: not read
 
     def open(self, now):
         self.state = _S_OPEN
@@ -977,6 +988,7 @@ class ClientSession:
         self.counts_sent_ms = now - _SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.rx_frames = self.tx_frames = self.dropped = 0
+        self.blocked = False
 
     def find_pub(self, pid):
         ids = self.pub_id
@@ -1085,6 +1097,13 @@ class Gateway:
         self.now = 0
         self.publishing = -1  # client index inside ros.publish(), for errors raised synchronously
         self.refusal = ""  # why accept() last refused a connection (reject_frame's message)
+        # Backpressure (docs/PROTOCOL.md): ros.room(n) says whether a reliable message of n bytes
+        # can be taken now (a link's send budget); a port without it (direct mode: DDS's own
+        # write blocks) never makes a client wait. Waiting clients are served in turn.
+        self.ros_room = getattr(self.ros, "room", None)
+        self.n_blocked = 0  # clients holding a reliable PUBLISH that waits for room
+        self.rr = 0  # the next waiting client to get a turn
+        self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
         self.stats = {
             "clients_accepted": 0,
             "clients_rejected": 0,
@@ -1174,8 +1193,8 @@ class Gateway:
         """What the port waits for on client ci's socket: WANT_READ and/or WANT_WRITE. A closing
         client is not read any more; it is watched for writing until its queue is flushed."""
         c = self.clients[ci]
-        if c.state == _S_CLOSING:
-            return WANT_WRITE
+        if c.state == _S_CLOSING or c.blocked:  # blocked: TCP pushes back on the client
+            return WANT_WRITE if c.queue.pending() else 0
         if c.queue.replies_backed_up():
             # It does not read the PONGs and ERRORs its frames cause: read nothing more from
             # it until it does (or slow_client_timeout closes it).
@@ -1233,6 +1252,13 @@ class Gateway:
                 self._error(c, None, "protocol_error", d.error)
                 self._close(c, "malformed frame: " + d.error)
                 return
+            if op == OP_PUBLISH and self.ros_room is not None and \
+                    self._must_wait(c, d.buf, d.poff, d.plen):
+                d.hold()  # stays in the decoder; the socket is not read until _resume
+                if not c.blocked:
+                    c.blocked = True
+                    self.n_blocked += 1
+                return
             c.rx_frames += 1
             self.stats["frames_in"] += 1
             if op == OP_PUBLISH:
@@ -1255,12 +1281,17 @@ class Gateway:
         c.queue.clear()
         c.decoder.reset()
         c.backlog = False
+        if c.blocked:
+            c.blocked = False
+            self.n_blocked -= 1
         c.state = S_FREE
 
     def tick(self, now):
         self.now = now
         if self.throttle is not None:
             self._release_throttled(now)
+        if self.n_blocked:
+            self._resume(now)
         for c in self.clients:
             if c.state == S_FREE:
                 continue
@@ -1279,7 +1310,8 @@ class Gateway:
                 self._close(c, "send queue full for %d s without a frame read (slow client)"
                             % self.p["slow_client_timeout"])
                 c.close_ms = now - _CLOSE_FLUSH_MS  # nothing it would read: close at once
-            elif c.rx_start_ms >= 0 and now - c.rx_start_ms >= self.p["frame_timeout"] * 1000:
+            elif c.rx_start_ms >= 0 and not c.blocked and \
+                    now - c.rx_start_ms >= self.p["frame_timeout"] * 1000:
                 self.stats["closed_frame_timeout"] += 1
                 self._error(c, None, "protocol_error", "frame not complete %d s after its first "
                             "byte" % self.p["frame_timeout"])
@@ -1288,7 +1320,8 @@ class Gateway:
             elif c.state == _S_OPEN and now - c.accepted_ms >= _HELLO_TIMEOUT_MS:
                 self._error(c, None, "hello_required", "no HELLO within 5 s of connecting")
                 self._close(c, "no HELLO within 5 s")
-            elif (c.state == _S_OPEN or c.state == S_READY) and now - c.last_rx_ms >= _IDLE_TIMEOUT_MS:
+            elif (c.state == _S_OPEN or c.state == S_READY) and not c.blocked and \
+                    now - c.last_rx_ms >= _IDLE_TIMEOUT_MS:
                 self._close(c, "nothing received for 10 s")
             elif (
                 c.state == S_READY
@@ -1328,6 +1361,50 @@ class Gateway:
             if c.state == S_READY and c.counts_dirty:
                 t = min(t, c.counts_sent_ms + _SUB_COUNT_INTERVAL_MS - now)
         return max(0, t)
+
+    # -- backpressure ----------------------------------------------------------------------------
+    def _must_wait(self, c, buf, off, n):
+        """True when this PUBLISH is reliable and must wait for room on the ROS side: there is
+        none, or other clients are already waiting (they go first: fair shares of the link).
+        Anything _on_publish would refuse or drop anyway does not wait."""
+        if c.state != S_READY or n < 4 or not self.ros_ready or buf[off + 3] >= 0x40 or \
+                n - 4 > self.ros_max_message:
+            return False
+        i = c.find_pub(get_u32(buf, off))
+        if i < 0 or not self.pubs.reliable[c.pub_slot[i]]:
+            return False
+        if self.pass_ci == c.index:  # its turn (see _resume)
+            if self.ros_room(n - 4):
+                self.pass_ci = -1
+                return False
+            return True
+        return self.n_blocked > 0 or not self.ros_room(n - 4)
+
+    def _resume(self, now):
+        """Hand the room freed on the ROS side to waiting clients, one held frame each in turn,
+        until the next in line does not fit (it keeps its turn). A client with nothing more
+        held is read again; one that meets its next reliable PUBLISH waits in line again."""
+        cl = self.clients
+        n = len(cl)
+        idle = 0
+        while self.n_blocked and idle < n:
+            ci = self.rr
+            self.rr = ci + 1 if ci + 1 < n else 0
+            c = cl[ci]
+            if not c.blocked:
+                idle += 1
+                continue
+            idle = 0
+            c.blocked = False
+            self.n_blocked -= 1
+            c.last_rx_ms = now  # it was waiting for us, not idle
+            self.pass_ci = ci
+            self.received(ci, 0, now)
+            passed = self.pass_ci != ci
+            self.pass_ci = -1
+            if c.blocked and not passed:  # its frame still does not fit: it stays first in line
+                self.rr = ci
+                return
 
     # -- frames from a client ------------------------------------------------------------------
     def _on_publish(self, c, buf, off, n):
@@ -2182,6 +2259,9 @@ LK_TAG = const(4 + LK_MAC)  # counter u32 + MAC
 LK_CTR_MAX = const(0x3FFFFF00)  # counters stay small ints on MicroPython; the session renews before
 LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
 LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
+LK_STATS_SHARE = const(200)  # stats take at most 1/200 of a paced line's time (see send_stats)
+LK_STATS_MAX_MS = const(10000)  # ... and wait for an idle link at most this long
+LK_STATS_CHUNK = const(128)  # bytes of counters per stats record on a paced line (11 ms at 115200)
 
 # record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
 LK_T_ADV = const(1)
@@ -2422,6 +2502,7 @@ class LinkOutput:
 
     def __init__(self, session, bytes_per_s):
         self.s = session
+        session.line_bps = bytes_per_s  # for the session's RTO floor and the stats budget
         self.pace = bytes_per_s  # 0: unpaced (UDP)
         self.credit = 0  # milli-bytes, see pace_credit
         self.last = -1  # time of the last start(), -1 before the first
@@ -2454,6 +2535,13 @@ class LinkOutput:
         if self.pace:
             self.credit -= k * 1000
         return self.n == 0
+
+    def wait_ms(self):
+        """How long until the pacing lets the next frame out (0: now); a loop with a frame
+        to send sleeps no longer than this, so a paced line does not sit idle."""
+        if self.pace and self.credit <= 0:
+            return -self.credit // self.pace + 1
+        return 0
 
     def drop(self):
         """The device is gone with a half-written frame: the peer resyncs, we start afresh."""
@@ -2509,6 +2597,7 @@ class LinkSession:
         self.srtt = 0
         self.rttvar = 0
         self.rto = _LK_RTO_INIT
+        self.line_bps = 0  # paced line rate (bytes/s; LinkOutput sets it), 0: fast or unknown
         # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
@@ -2529,7 +2618,11 @@ class LinkSession:
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
         self.be_tag = bytearray(6)
-        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its queued record
+        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its newest record
+        # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
+        # set_depth) and how many do (live, not started)
+        self.be_depth = bytearray(b"\x01" * (max_slots + 1))
+        self.be_cnt = bytearray(max_slots + 1)
         self.frag_buf = bytearray(max_message + _LK_RHDR_MAX)  # a fragmented record reassembled
         # -- counters: plain ints (increments allocate nothing); counters() reports every
         # name of _LK_COUNTERS (as c_<name>): a new counter goes here and there
@@ -2590,6 +2683,7 @@ class LinkSession:
         self.be_mask = 0
         for i in range(len(self.be_last)):
             self.be_last[i] = -1
+            self.be_cnt[i] = 0
         self.turn = 0
 
     def is_up(self):
@@ -2605,6 +2699,24 @@ class LinkSession:
         if b < m:
             m = b
         return m if m > 0 else 0
+
+    def set_depth(self, slot, depth):
+        """Best-effort records of `slot` keep the newest `depth` (its KEEP_LAST depth, capped at
+        255) while they wait for the line, instead of only the newest: on a busy line several of
+        them share one frame (docs/LINK.md, "Best-effort")."""
+        if slot < self.max_slots:
+            self.be_depth[slot] = 1 if depth < 1 else (255 if depth > 255 else depth)
+
+    def rel_room(self, n):
+        """True when a reliable data record of `n` payload bytes should be queued now: it fits
+        the ring (minus the control reserve) and what is queued but not yet framed stays below
+        one window of frames. The link then always has its next window ready, and a burst waits
+        where it came from (the client's socket, a DDS reader) instead of in the ring, where it
+        would delay registrations and results by the whole ring's line time."""
+        q = self.rel_queued
+        if q + n + _LK_RHDR_MAX > len(self.rel) - self.rel_res:
+            return False
+        return q - self.rel_framed < self.peer_window * self.peer_max_frame
 
     def counters(self):
         d = {}
@@ -2655,12 +2767,8 @@ class LinkSession:
         be = self.be
         cap = len(be)
         key = slot if slot < self.max_slots else self.max_slots
-        old = self.be_last[key]
-        if old >= 0:                      # newest wins: the pending one dies
-            be[old] = 0
-            self.be_live -= 1
-            self.be_last[key] = -1
-            self.c_drop_be += 1
+        if self.be_cnt[key] >= self.be_depth[key]:  # newest win: the oldest pending one dies
+            self._be_kill(key)
         tot = 6 + need
         while cap - self.be_n < tot:      # full: drop the oldest
             if self._be_pop():
@@ -2669,6 +2777,7 @@ class LinkSession:
         if pos >= cap:
             pos -= cap
         self.be_last[key] = pos
+        self.be_cnt[key] += 1
         tag = self.be_tag                    # live, key(2), record length(3)
         tag[0] = 1
         tag[1] = key & 0xFF
@@ -2689,6 +2798,30 @@ class LinkSession:
         self.be_live += 1
         return LK_OK
 
+    def _be_kill(self, key):
+        # the oldest pending (live, not started) record of `key` is superseded: mark it dead
+        be = self.be
+        cap = len(be)
+        pos = self.be_last[key]
+        if self.be_cnt[key] > 1:          # depth > 1: find the oldest from the head
+            h = self.be_head
+            left = self.be_n
+            while left > 0:
+                w = 6 + (be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) |
+                         (be[(h + 5) % cap] << 16))
+                if be[h] and (be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)) == key and \
+                        not (h == self.be_head and self.be_sent_part > 0):
+                    pos = h
+                    break
+                h = (h + w) % cap
+                left -= w
+        be[pos] = 0
+        self.be_live -= 1
+        self.be_cnt[key] -= 1
+        if self.be_last[key] == pos:
+            self.be_last[key] = -1
+        self.c_drop_be += 1
+
     def _be_pop(self):
         # drop the head record of the best-effort ring; True if it was live
         be = self.be
@@ -2701,6 +2834,8 @@ class LinkSession:
             self.be_last[key] = -1
         if live:
             self.be_live -= 1
+            if self.be_sent_part == 0:    # not started: it was counted as pending
+                self.be_cnt[key] -= 1
         h += 6 + w
         self.be_head = h % cap
         self.be_n -= 6 + w
@@ -2733,10 +2868,9 @@ class LinkSession:
         # as is (c & 0xFF etc. would each allocate another one).
         struct.pack_into("<I", self.tx_buf, L - 4, _lk_crc32(self.tx_mv[0:L - 4], seed))
         self.last_tx = now
-        if self.ack_pending:
-            # repeat a fresh ack once if nothing else follows it: a lost pure ACK
-            # would otherwise stall the sender until its RTO
-            self.ack_rep = now + _LK_ACK_REP_MS
+        # repeat a fresh ack once if nothing else follows it (a lost pure ACK would otherwise
+        # stall the sender until its RTO); any later frame carries the ack and cancels that
+        self.ack_rep = now + _LK_ACK_REP_MS if self.ack_pending else 0
         self.ack_pending = False
         self.c_tx_frames += 1
         self.c_tx_bytes += L
@@ -2894,6 +3028,7 @@ class LinkSession:
                     key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
                     if self.be_last[key] == h:
                         self.be_last[key] = -1
+                    self.be_cnt[key] -= 1
                 q = _lk_putvar(tx, q, w)
                 q = _lk_putvar(tx, q, self.be_sent_part)
                 k = w - self.be_sent_part
@@ -3240,7 +3375,11 @@ class LinkSession:
         if v < 20:
             v = 20
         r = self.srtt + v
-        self.rto = _LK_RTO_MIN if r < _LK_RTO_MIN else (_LK_RTO_MAX if r > _LK_RTO_MAX else r)
+        lo = _LK_RTO_MIN
+        if self.line_bps:
+            # an ACK may wait behind a whole frame each way: never time out faster than that
+            lo += 2 * self.peer_max_frame * 1000 // self.line_bps
+        self.rto = lo if r < lo else (_LK_RTO_MAX if r > _LK_RTO_MAX else r)
 
     def _varint(self, b, q, end, max_shift):
         # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
@@ -3496,6 +3635,10 @@ class LinkRosPort:
         self.unreleased = {}      # slot*2 + is_sub -> True: a release still owed (send failed)
         self._log = log
         self.ratelog = RateLog(self._logger)
+        self._stats = {}          # the counters the companion last got (send_stats)
+        self.stats_at = -LK_STATS_MAX_MS  # when they went (ms)
+        self.stats_gap = 0        # line time budget: no stats before stats_at + stats_gap
+        self.stats_from = 0       # where the next record starts among the counters
 
     def _logger(self, level, msg):
         # Bad records go to the port's logger if given, else to the Gateway's.
@@ -3552,6 +3695,7 @@ class LinkRosPort:
 
     # RosPort
     def advertise(self, slot, topic, type, qos):
+        self.s.set_depth(slot, qos.get("depth", 1) if qos else 1)
         self._register(LK_T_ADV, 0, slot, topic, type, qos)
 
     def unadvertise(self, slot):
@@ -3565,6 +3709,10 @@ class LinkRosPort:
 
     def max_message(self):
         return self.s.max_send()
+
+    def room(self, n):
+        """Backpressure (Gateway._must_wait): can a reliable message of n bytes go now?"""
+        return self.s.rel_room(n)
 
     def publish(self, slot, buf, off, n, reliable):
         r = self.s.send(LK_T_PUB, slot, buf, off, n, reliable, False)
@@ -3588,9 +3736,54 @@ class LinkRosPort:
                                         "link send buffer full; reliable message dropped")
 
     def send_stats(self, d):
+        """Offer the gateway's counters `d` for the companion's /diagnostics (ports call this
+        about once a second). Only the counters that changed since the last record go, only
+        when the link has nothing else queued (or has not sent stats for LK_STATS_MAX_MS), and
+        on a paced line no more than 1/LK_STATS_SHARE of its time: a stats frame cannot be
+        interrupted, and every message behind it waits its whole line time. True when sent."""
         self._retry_releases()
-        b = link_record_body(d)
-        return self.s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False)
+        s = self.s
+        now = s.now
+        if now - self.stats_at < self.stats_gap:
+            return False
+        if (s.rel_queued or s.be_n) and now - self.stats_at < LK_STATS_MAX_MS:
+            return False
+        last = self._stats
+        ch = {}
+        # On a paced line a record carries at most LK_STATS_CHUNK bytes of counters, so a
+        # message behind it waits ~10 ms, not a whole frame; the rest follow in later records,
+        # resuming where this one stopped so that every counter gets its turn.
+        keys = list(d)
+        n = len(keys)
+        cap = LK_STATS_CHUNK if s.line_bps else 0
+        size = 2
+        j = 0
+        while j < n:
+            k = keys[(self.stats_from + j) % n]
+            v = d[k]
+            j += 1
+            if last.get(k) == v:
+                continue
+            if cap:
+                size += len(k) + len(str(v)) + 4
+                if size > cap and ch:
+                    j -= 1
+                    break
+            ch[k] = v
+        self.stats_from = (self.stats_from + j) % n if n else 0
+        if not ch:
+            return False
+        try:
+            b = json.dumps(ch, separators=(",", ":")).encode()
+        except TypeError:  # a MicroPython without separators=
+            b = link_record_body(ch)
+        if s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False) != LK_OK:
+            return False
+        last.update(ch)
+        self.stats_at = now
+        n = len(b) + LK_OVH + _LK_RHDR_MAX
+        self.stats_gap = n * 1000 * LK_STATS_SHARE // s.line_bps if s.line_bps else 0
+        return True
 
     def rebase(self, d):
         """Move every stored time `d` ms back (see Gateway.rebase); the session's too."""
@@ -3598,6 +3791,7 @@ class LinkRosPort:
         for k in self._rep:
             self._rep[k] -= d
         self.ratelog.rebase(d)
+        self.stats_at -= d
 
     def counters(self):
         d = self.s.counters()
@@ -3619,6 +3813,8 @@ class LinkRosPort:
                 "the link to the ROS side restarted as a new session (%d bytes of reliable data "
                 "in flight discarded); registrations are handed over again" % lost)
         self.had_session = True
+        if fresh:
+            self._stats = {}          # a new companion gets every counter
 
     def link_down(self):
         self.link_is_up = False

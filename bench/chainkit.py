@@ -56,8 +56,8 @@ os.environ["CYCLONEDDS_URI"] = DDS_XML       # this process: before any particip
 
 STRING_TYPE = "std_msgs/msg/String"
 STRING_DDS = "std_msgs::msg::dds_::String_"
-QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+QOS_R: Dict[str, Any] = {"reliability": "reliable", "durability": "volatile", "depth": 10}
+QOS_BE: Dict[str, Any] = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
 
 
 def child_env() -> Dict[str, str]:

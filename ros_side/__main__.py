@@ -230,7 +230,8 @@ def run_link(args: argparse.Namespace) -> int:
                 if fd >= 0:
                     sel.register(fd, selectors.EVENT_READ, "link")
                 link_fd = fd
-            for key, _ in sel.select(0.02):
+            wait = driver.wait_ms()  # a paced line: wake when the next frame may go
+            for key, _ in sel.select(min(0.02, wait / 1000.0) if wait else 0.02):
                 now = now_ms()
                 if key.data == "link":
                     contained("handling link input", driver.on_readable, now)

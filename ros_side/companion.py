@@ -153,6 +153,11 @@ class Companion:
         self._queue = collections.deque()
         self._queued_bytes = 0
         self._too_large_pending = set()
+        self._paused = set()      # reliable entities whose reader waits (backpressure)
+        self._held = collections.deque()  # reliable messages waiting for link room (loop thread)
+        self._held_bytes = 0
+        self._q_rel = self._q_rel_bytes = 0  # pausable (reliable) part of _queue
+        self._can_pause = hasattr(backend, "resume_subscription")
         self._signalled = False
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
@@ -167,7 +172,8 @@ class Companion:
         self.stats = collections.OrderedDict(
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
-                             "errors_sent", "results_ok", "diag_published", "sessions_reset"))
+                             "errors_sent", "results_ok", "diag_published", "sessions_reset",
+                             "reader_pauses"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -183,8 +189,9 @@ class Companion:
         self._max_message = int(n)
 
     def gateway_stats(self, stats):
-        """Latest gateway counters (a flat dict); merged into diagnostics()."""
-        self._group_stats["gateway"] = dict(stats)
+        """Gateway counters (a flat dict; the gateway sends only those that changed), merged
+        into diagnostics()."""
+        self._group_stats.setdefault("gateway", {}).update(stats)
 
     def set_stats(self, group, stats):
         """Counters of another part (e.g. ``"link"``), merged into diagnostics() as ``group.key``."""
@@ -232,6 +239,9 @@ class Companion:
         with self._qlock:
             self._queue.clear()
             self._queued_bytes = 0
+            self._held.clear()
+            self._held_bytes = self._q_rel = self._q_rel_bytes = 0
+            self._paused = set()
             self._too_large_pending.clear()
         self._reported.clear()
         self._too_large_waiting.clear()
@@ -372,32 +382,53 @@ class Companion:
     # -- backend thread -> loop thread ---------------------------------------------------------
     def _callback_for(self, ent):
         def on_message(data, ent=ent):
-            self._on_message(ent, data)
+            return self._on_message(ent, data)
         return on_message
 
     def _on_message(self, ent, data):
-        """Any thread. Queue (bounded) and wake the loop."""
+        """Any thread. Queue (bounded) and wake the loop. Returns False to ask a backend that
+        can pause a reader (resume_subscription) to stop taking from this reliable one: the
+        queue is full, so its samples wait in DDS rather than being dropped here."""
         n = len(data)
+        go_on = True
         with self._qlock:
+            # reliable readers that can pause and everything else have a bound each, so
+            # reliable messages waiting for the link never crowd out best-effort ones
+            pausable = ent.qos[0] and self._can_pause
+            if pausable:
+                qn = self._q_rel + len(self._held)
+                qb = self._q_rel_bytes + self._held_bytes
+            else:
+                qn = len(self._queue) - self._q_rel
+                qb = self._queued_bytes - self._q_rel_bytes
+            full = qn >= self._queue_limit or qb + n > self._queue_bytes_limit
             if n > self._max_message:
                 ent.too_large += 1
                 ent.too_large_size = n
                 self.stats["too_large_drops"] += 1
                 self._too_large_pending.add(ent)
-            elif (len(self._queue) >= self._queue_limit
-                  or self._queued_bytes + n > self._queue_bytes_limit):
+            elif full and not pausable:
                 self.stats["queue_drops"] += 1
-                return
+                return True
             else:
+                # a pausable reader overshoots the bound by at most one take batch
                 self._queue.append((ent, data))
                 self._queued_bytes += n
+                if pausable:
+                    self._q_rel += 1
+                    self._q_rel_bytes += n
+                if full:
+                    self._paused.add(ent)
+                    self.stats["reader_pauses"] += 1
+                    go_on = False
             if self._signalled:
-                return
+                return go_on
             self._signalled = True
         try:
             os.write(self._wfd, b"\x00")
         except (BlockingIOError, OSError):
             pass
+        return go_on
 
     # -- the loop ------------------------------------------------------------------------------
     def poll(self, now=None):
@@ -414,20 +445,35 @@ class Companion:
             self._signalled = False
             batch = self._queue
             self._queue = collections.deque()
-            self._queued_bytes = 0
+            self._queued_bytes = self._q_rel = self._q_rel_bytes = 0
+            if self._held:  # what waited for link room goes first
+                self._held.extend(batch)
+                batch, self._held = self._held, collections.deque()
+                self._held_bytes = 0
             pending = self._too_large_pending
             self._too_large_pending = set()
         sink = self.sink
+        room = getattr(sink, "room", None)  # a link end: reliable messages wait for link room
+        held = None
         for ent, data in batch:
             if ent.handle is None or sink is None:
                 continue
             n = len(data)
+            if room is not None and ent.qos[0] and (
+                    (held is not None and ent in held[1]) or not room(n * len(ent.slots))):
+                if held is None:
+                    held = ([], set())
+                held[0].append((ent, data))  # in order: the rest of this entity waits too
+                held[1].add(ent)
+                continue
             ent.msgs += 1
             ent.bytes += n
             self.stats["sub_msgs"] += 1
             self.stats["sub_bytes"] += n
             for slot in tuple(ent.slots):
                 sink.ros_message(slot, data, 0, n)
+        if held is not None or self._paused:
+            self._requeue(held[0] if held is not None else ())
         self._too_large_waiting.update(pending)
         for ent in tuple(self._too_large_waiting):
             if self._report_too_large(ent, now):
@@ -438,6 +484,22 @@ class Companion:
         if self._diag_period and (self._next_diag is None or now >= self._next_diag):
             self._next_diag = now + int(self._diag_period)
             self._publish_diagnostics()
+
+    def _requeue(self, held):
+        """Keep reliable messages the link could not take for the next poll (they count against
+        the queue's bounds for reliable readers only, so best-effort ones still flow), and let
+        paused readers be taken from again once those have drained to a quarter."""
+        with self._qlock:
+            self._held.extend(held)
+            self._held_bytes += sum(len(d) for _, d in held)
+            if (len(self._queue) + len(self._held) > self._queue_limit // 4
+                    or self._queued_bytes + self._held_bytes > self._queue_bytes_limit // 4):
+                return
+            paused = self._paused
+            self._paused = set()
+        for ent in paused:
+            if ent.handle is not None:
+                self.backend.resume_subscription(ent.handle)
 
     def _report_too_large(self, ent, now):
         """One ``message_too_large`` per entity (hence per slot) per ``too_large_interval_ms``."""

@@ -137,6 +137,7 @@ class LinkCompanionEnd:
             if sub:
                 q = qos or {}
                 self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
+                self.s.set_depth(slot, q.get("depth", 1))
                 c.subscribe(slot, topic, type_, qos)
             else:
                 c.advertise(slot, topic, type_, qos)
@@ -170,6 +171,10 @@ class LinkCompanionEnd:
         return r[3] if r is not None else 0
 
     # GatewaySink
+    def room(self, n):
+        """Backpressure (Companion.poll): can a reliable message of n bytes go now?"""
+        return self.s.rel_room(n)
+
     def ros_up(self, distro, max_message):
         pass
 

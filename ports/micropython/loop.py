@@ -242,8 +242,12 @@ class GatewayLoop:
         timeout = gw.next_deadline(now)
         if timeout > self.poll_ms:
             timeout = self.poll_ms
-        if link is not None and (link.wants_write() or link.polled):
-            timeout = 5 if timeout > 5 else timeout
+        if link is not None:
+            if link.wants_write() or link.polled:
+                timeout = 5 if timeout > 5 else timeout
+            w = link.out.wait_ms()  # a paced line: wake when the next frame may go
+            if w and timeout > w:
+                timeout = w
         socks = self.socks
         n = len(socks)
         backlog = False
@@ -407,8 +411,8 @@ class GatewayLoop:
                 self._drop(ci, "closed by client")
                 return
             gw.received(ci, n, now)
-            if gw.wants_close(ci) or gw.backlog(ci) or n < space:
-                return
+            if n < space or gw.backlog(ci) or not gw.interest(ci) & core.WANT_READ:
+                return  # drained, frames left for the next turn, closing, or waiting for link room
 
     def _write(self, ci):
         s = self.socks[ci]

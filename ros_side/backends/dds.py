@@ -9,7 +9,9 @@ UBRB qos               DDS QoS
 =====================  =======================================================================
 depth N                HISTORY KEEP_LAST(N); N = 0 -> 1 (rmw refuses depth < 1 after
                        mapping RMW_QOS_POLICY_DEPTH_SYSTEM_DEFAULT (0) to 1)
-reliable               RELIABILITY RELIABLE, max_blocking_time = infinite
+reliable               RELIABILITY RELIABLE, max_blocking_time = infinite; our *writers* of
+                       reliable volatile topics are KEEP_ALL, max_blocking_time WRITE_BLOCK_S
+                       (backpressure: a burst waits for slow readers, see make_qos)
 best_effort            RELIABILITY BEST_EFFORT
 volatile               DURABILITY VOLATILE
 transient_local        DURABILITY TRANSIENT_LOCAL + DURABILITY_SERVICE(cleanup 0, KEEP_LAST(N),
@@ -55,6 +57,7 @@ from cyclonedds.core import (DDSException, GuardCondition, InstanceState, ReadCo
                              SampleState, ViewState, WaitSet)
 from cyclonedds.domain import Domain, DomainParticipant
 from cyclonedds.internal import dds_infinity
+from cyclonedds.util import duration
 from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
 from cyclonedds.sub import DataReader
@@ -101,6 +104,7 @@ FASTDDS_COMPAT_XML = compat_xml()
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
+WRITE_BLOCK_S = 1  # longest a reliable write waits for slow readers (the link stays alive: < 2 s)
 
 
 def localhost_only(env=None):
@@ -159,10 +163,18 @@ def default_domain(env=None):
 def make_qos(qos, writer, type_hash=None):
     """The DDS QoS rmw_cyclonedds would use for this UBRB qos (see the module docstring)."""
     reliable, transient_local, depth = normalize_qos(qos)
+    # The companion's writer of a reliable volatile topic keeps every sample until each reader
+    # has it (KEEP_ALL; History is not a requested-offered policy, so matching is unchanged):
+    # with KEEP_LAST(depth) a burst from the gateway overwrote samples a slower reader had not
+    # acknowledged yet. Cyclone then throttles write() at its WHC high-water mark, for at most
+    # WRITE_BLOCK_S: the companion's loop waits, the link stops taking, the gateway stops
+    # reading the client - backpressure from the slowest reader to the UBRB client.
+    keep_all = writer and reliable and not transient_local
     pols = [
-        Policy.History.KeepLast(depth),
-        Policy.Reliability.Reliable(max_blocking_time=dds_infinity) if reliable
-        else Policy.Reliability.BestEffort,
+        Policy.History.KeepAll if keep_all else Policy.History.KeepLast(depth),
+        Policy.Reliability.Reliable(
+            max_blocking_time=duration(seconds=WRITE_BLOCK_S) if keep_all else dds_infinity)
+        if reliable else Policy.Reliability.BestEffort,
         Policy.Durability.TransientLocal if transient_local else Policy.Durability.Volatile,
         Policy.Liveliness.Automatic(lease_duration=dds_infinity),
         Policy.DataRepresentation(use_cdrv0_representation=True),
@@ -225,7 +237,7 @@ class _Pub:
 
 
 class _Sub:
-    __slots__ = ("topic", "type", "reader", "cond", "callback", "handle_id", "active")
+    __slots__ = ("topic", "type", "reader", "cond", "callback", "handle_id", "active", "paused")
 
     def __init__(self, topic, ros_type, reader, cond, callback):
         self.topic = topic
@@ -235,6 +247,7 @@ class _Sub:
         self.callback = callback
         self.handle_id = reader.instance_handle
         self.active = True
+        self.paused = False  # the callback asked to stop taking (see resume_subscription)
 
 
 class GraphAnnouncer:
@@ -520,16 +533,34 @@ class DdsBackend:
         if reader is None:
             return
         ref = reader._ref
-        while sub.active:
+        stop = False
+        while sub.active and not stop:
             got = ddspy_take(ref, _ANY, _TAKE_BATCH)
             if isinstance(got, int) or not got:
                 return  # error (e.g. reader deleted meanwhile) or nothing left
             for data, info in got:
                 if info.valid_data and sub.active:
                     try:
-                        sub.callback(data)
+                        if sub.callback(data) is False:
+                            stop = True
                     except Exception:  # a callback must never kill the thread
                         self.callback_errors += 1
                         log.exception("subscription callback failed on %r", sub.topic)
             if len(got) < _TAKE_BATCH:
-                return
+                break
+        if stop:
+            # The callback's consumer is full: take nothing more from this reader until
+            # resume_subscription. The samples wait in the DDS reader (its history, as the
+            # subscription's QoS says) and a reliable writer is held back by DDS itself.
+            with self._lock:
+                if sub.active and not sub.paused:
+                    self._ws.detach(sub.cond)
+                    sub.paused = True
+
+    def resume_subscription(self, handle):
+        """Take from a reader paused by its callback (returning False) again."""
+        with self._lock:
+            if handle.active and handle.paused:
+                handle.paused = False
+                self._ws.attach(handle.cond)
+                self._wake.set(True)

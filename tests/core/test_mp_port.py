@@ -516,6 +516,31 @@ def test_uart_link_is_paced_to_the_line_rate():
     assert rig.drv.counters()["drop_rel_full"] == 0
 
 
+def test_a_reliable_burst_waits_in_the_client_socket_not_in_the_gateway():
+    # issue 12: the line (9600 baud) cannot take the burst; the gateway stops reading the
+    # client (poll mask 0) instead of dropping or queueing, and delivers all once it drains
+    rig = Rig(link="uart:1", baud=9600)
+    rig.up()
+    c = rig.connect(cap=65536)
+    c.send(hello() + advertise(1, "/cmd", "std_msgs/msg/String", QOS_R))
+    rig.run(100)
+    frames(c)
+    for i in range(30):
+        c.send(publish(1, bytes([i]) * 500))
+    rig.run(300)
+    ci = ci_of(rig, c)
+    assert rig.gw.clients[ci].blocked and rig.loop.mask[ci] == 0
+    assert rig.comp.ros.published < 30
+    for _ in range(5):  # 30 x ~510 bytes of frames take ~16 s at 960 bytes/s
+        rig.run(5000)
+        c.send(U.encode_frame(U.OP_PING, b""))  # a live client (idle ones close after 10 s)
+    assert rig.comp.ros.published == 30, rig.drv.counters()
+    assert not rig.gw.clients[ci].blocked and rig.loop.mask[ci] != 0
+    k = rig.ros.counters()
+    assert k["drop_rel_full"] == 0 and k["pub_congested"] == 0
+    assert set(op for op, _ in frames(c)) == {U.OP_PONG}   # no ERROR
+
+
 def test_udp_send_errors_are_lost_datagrams():
     rig = Rig()
     rig.up()

@@ -4,9 +4,9 @@ processes -- ``python ubrb_min.py`` + a UDP or serial link + ``python -m ros_sid
 client, while the gateway's memory stays flat: the burst waits in the client's socket (TCP
 pushes back), not in a gateway queue.
 
-Today the gateway answers ``link_congested`` and drops what it already read (bench figures:
-8,164 of 20,000 arrive), so these tests are marked xfail(strict=True); whoever implements the
-backpressure removes the marks.
+Before issue 12 the gateway answered ``link_congested`` and dropped what it had already read
+(8,164 of 20,000 arrived); it now stops reading a client whose reliable PUBLISH the link
+cannot take yet (Gateway._must_wait, docs/PROTOCOL.md "Backpressure").
 
 The processes are driven only through their command lines (bench/chainkit.py, the same plumbing
 as the chain benches), so the tests survive a restructuring of the gateway's modules. DDS stays on
@@ -30,7 +30,6 @@ os.environ["UBRB_BENCH_XML"] = E2E_XML
 os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
 from bench import chainkit as K  # noqa: E402
 
-XFAIL = pytest.mark.xfail(strict=True, reason="issue 12: backpressure not implemented yet")
 SIZE = 1024
 # Gateway RSS growth allowed during a burst (VmRSS, sampled every 50 ms). A gateway that
 # absorbs the burst in its own queues grows by about the burst's size (20 MiB over UDP, 2 MiB
@@ -103,20 +102,17 @@ def assert_all_delivered(r: Dict[str, Any], total: int, rss_limit_kib: int) -> N
     assert r["rss_growth_kib"] <= rss_limit_kib, "the gateway absorbed the burst: %s" % r
 
 
-@XFAIL
 def test_20000_reliable_1kib_from_one_client_all_arrive_once_in_order(udp_chain: Any) -> None:
     r = burst(udp_chain, "/bp/one", 1, 20000, deadline=20.0)
     assert_all_delivered(r, 20000, RSS_GROWTH_UDP_KIB)
 
 
-@XFAIL
 def test_5_clients_x_4000_reliable_1kib_in_parallel_all_arrive_once_in_order(
         udp_chain: Any) -> None:
     r = burst(udp_chain, "/bp/five", 5, 4000, deadline=20.0)
     assert_all_delivered(r, 20000, RSS_GROWTH_UDP_KIB)
 
 
-@XFAIL
 def test_2000_reliable_1kib_over_921600_baud_serial_all_arrive_with_flat_memory() -> None:
     # 2,000 x 1 KiB is ~2.1 MB of frames: ~23 s on a 921600-baud line (92,160 B/s).
     # --max-payload 65536 (a serial-sized gateway): its link buffers then hold ~0.26 MiB, so a
@@ -131,7 +127,6 @@ def test_2000_reliable_1kib_over_921600_baud_serial_all_arrive_with_flat_memory(
     assert_all_delivered(r, 2000, RSS_GROWTH_SERIAL_KIB)
 
 
-@XFAIL
 def test_best_effort_subscriber_keeps_receiving_while_a_publisher_is_blocked(
         udp_chain: Any) -> None:
     # client A floods 60 MiB of reliable data (far more than socket buffers hold, so its

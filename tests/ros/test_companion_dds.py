@@ -19,7 +19,7 @@ from cyclonedds.topic import Topic
 from rosbags.typesys import Stores, get_typestore
 
 from tests.support import ros_idl as I
-from ros_helpers import TEST_DOMAIN
+from ros_helpers import TEST_DOMAIN, RecordingSink
 from tests.support.procs import wait_for
 from ros_side.companion import Companion
 from tests.support.qos import QOS_BE, QOS_LATCH, QOS_R
@@ -334,3 +334,44 @@ def test_jazzy_endpoints_carry_type_hash(dp):
         jazzy.destroy_publisher(h)
     finally:
         jazzy.close()
+
+
+def test_reliable_messages_wait_for_link_room_and_none_is_lost(dds_backend, dp):
+    """Issue 12 (ROS -> client): while the link cannot take a reliable message, the companion
+    keeps it (in order) and, once its small queue is full, stops taking from the DDS reader, so
+    the writer's reliable burst waits in DDS; when room comes back every sample is delivered,
+    once, in order, with no queue drop (within the subscription's depth, which is what a DDS
+    reader keeps). A best-effort subscription keeps flowing meanwhile."""
+    class LinkSink(RecordingSink):
+        open = False
+
+        def room(self, n):
+            return self.open
+
+    sink = LinkSink()
+    comp = Companion(dds_backend, sink, diagnostics_period_ms=0, queue_limit=8)
+    try:
+        w = DataWriter(dp, Topic(dp, "rt/bp_rel", I.String),
+                       qos=Qos(Policy.Reliability.Reliable(10 ** 10), Policy.History.KeepAll))
+        wb = DataWriter(dp, Topic(dp, "rt/bp_be", I.String), qos=dqos(reliable=False, depth=1))
+        # the subscription's depth is what DDS keeps for a paused reader (KEEP_LAST semantics)
+        comp.subscribe(3, "/bp_rel", "std_msgs/msg/String", {"depth": 1000})
+        comp.subscribe(4, "/bp_be", "std_msgs/msg/String",
+                       {"reliability": "best_effort", "depth": 1})
+        assert wait_for(lambda: w.get_publication_matched_status().current_count == 1
+                        and wb.get_publication_matched_status().current_count == 1)
+        n = 300
+        for i in range(n):
+            w.write(I.String(data="m%04d" % i))
+        wb.write(I.String(data="tick"))
+        assert wait_for(lambda: sink.messages(4), poll=comp.poll)  # best effort passes
+        assert sink.messages(3) == []                             # reliable waits
+        assert comp.stats["reader_pauses"] >= 1
+        assert len(comp._held) <= 8 + 32         # the bound plus at most one take batch
+        sink.open = True
+        assert wait_for(lambda: len(sink.messages(3)) == n, poll=comp.poll)
+        got = [I.String.deserialize(m).data for m in sink.messages(3)]
+        assert got == ["m%04d" % i for i in range(n)]
+        assert comp.stats["queue_drops"] == 0
+    finally:
+        comp.close(close_backend=False)

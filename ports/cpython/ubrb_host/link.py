@@ -320,6 +320,10 @@ class LinkDriver:
     def wants_write(self) -> bool:
         return self.out.n > 0
 
+    def wait_ms(self) -> int:
+        """Milliseconds until the pacing lets the next frame out (0: now, or unpaced)."""
+        return self.out.wait_ms()
+
     def counters(self) -> Dict[str, int]:
         d: Dict[str, int] = self.s.counters()
         d["foreign"] = getattr(self.t, "c_foreign", 0)
