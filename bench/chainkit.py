@@ -336,8 +336,10 @@ class Chain:
             self.comp = Proc([py, "-m", "ros_side", "--backend", "dds", "--domain", str(DOMAIN),
                               "--link", comp_link, *serial, *companion_args])
             self.comp.wait_line(r"companion on link")
+            # every bench client connects from 127.0.0.1: let it use every client slot
             self.gw = Proc([py, "ubrb_min.py", "--listen", "127.0.0.1:%d" % self.port,
-                            "--link", gw_link, *serial, *gateway_args])
+                            "--link", gw_link, *serial, "--max-clients-per-address", "8",
+                            *gateway_args])
             wait_for(self._accepting, 20.0)
         except BaseException:
             self.close()

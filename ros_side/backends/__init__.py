@@ -34,18 +34,18 @@ def default_distro(distro=None, env=None):
 def make_backend(kind="auto", domain=None, distro=None, msg_paths=(), node_name="ros_side"):
     """``auto``: rclpy if it can run here, else dds (saying why in one log line). Imports lazily
     so neither backend is required."""
+    why = None
     if kind == "auto":
         why = rclpy_unavailable()
-        if why is None:
-            kind = "rclpy"
-        else:
-            log.info("backend auto: dds (rclpy not usable: %s)", why)
-            kind = "dds"
+        kind = "rclpy" if why is None else "dds"
     if kind == "rclpy":
         from .rclpy_backend import RclpyBackend
         return RclpyBackend(node_name=node_name, domain=domain)
     if kind == "dds":
         from .dds import DdsBackend
-        return DdsBackend(domain=domain, distro=default_distro(distro), msg_paths=msg_paths,
-                          node_name=node_name)
+        backend = DdsBackend(domain=domain, distro=default_distro(distro), msg_paths=msg_paths,
+                             node_name=node_name)
+        if why is not None:  # said once the fallback works: a dds backend that cannot start
+            log.info("backend auto: dds (rclpy not usable: %s)", why)  # says so in one line
+        return backend
     raise ValueError("unknown backend %r (auto|rclpy|dds)" % (kind,))

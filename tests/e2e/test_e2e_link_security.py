@@ -8,6 +8,7 @@ frame."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -75,8 +76,13 @@ class Attacker:
     def link_down(self) -> None:
         pass
 
-    def link_message(self, *a: Any) -> None:
-        pass
+    def link_message(self, t: int, slot: int, buf: Any, off: int, n: int, reliable: bool) -> None:
+        # Play the companion as a peer that knows the record layer: accept every subscription
+        # (echoing its generation), so forged MSG records on that slot are delivered.
+        if t == U.LK_T_SUB:
+            gen = json.loads(bytes(buf[off:off + n])).get("gen", 0)
+            r = json.dumps({"kind": "sub", "code": None, "message": "", "gen": gen}).encode()
+            self.s.send(U.LK_T_RESULT, slot, r, 0, len(r), True, True)
 
     def _run(self) -> None:
         buf = bytearray(2048)
@@ -205,7 +211,7 @@ def test_third_party_without_key_cannot_inject_into_ros(udp: Any, dds: Dds) -> N
     against an unkeyed companion with no gateway yet gets in, and the reader sees it."""
     topic = "/e2e_inject_%s" % udp.kind
     raw = RawCollector(dds.reader("rt" + topic, I.String, depth=100))
-    body = U.link_record_body({"topic": topic, "type": S,
+    body = U.link_record_body({"topic": topic, "type": S, "gen": 1,
                                "qos": {"reliability": "reliable", "durability": "volatile",
                                        "depth": 10}})
     data = ser(string_msg("INJECTED-BY-THIRD-PARTY"), S)
