@@ -1206,6 +1206,18 @@ class Gateway:
         calls received(ci, 0, now) for it each turn, before reading more from its socket."""
         return self.clients[ci].backlog
 
+    def may_read(self, ci, now):
+        """Asked by a port before it reads client ci's socket: frames left from an earlier read
+        are handled first (one turn's worth); True when the port may read more now."""
+        if self.clients[ci].backlog:
+            self.received(ci, 0, now)
+        return self.reading(ci)
+
+    def reading(self, ci):
+        """True while a port may go on reading client ci this turn: no frames are left for the
+        next turn, and it is read at all (not closing, not waiting for link room, reads replies)."""
+        return not self.clients[ci].backlog and self.interest(ci) & WANT_READ != 0
+
     def flushed_close(self, ci):
         """True when client ci is closing and everything queued for it is sent: close it now."""
         c = self.clients[ci]

@@ -386,12 +386,8 @@ class GatewayLoop:
         s = self.socks[ci]
         gw = self.gw
         dec = gw.clients[ci].decoder
-        if gw.backlog(ci):  # frames of an earlier read first; read more only when they are done
-            gw.received(ci, 0, now)
-            if gw.backlog(ci):
-                return
-        if not gw.interest(ci) & core.WANT_READ:
-            return  # it does not read its replies (or is closing): its input waits
+        if not gw.may_read(ci, now):
+            return  # frames of an earlier read wait, or it does not read its replies, or closing
         for _ in range(_MAX_READS):
             space = dec.space()
             if space == 0:
@@ -411,7 +407,7 @@ class GatewayLoop:
                 self._drop(ci, "closed by client")
                 return
             gw.received(ci, n, now)
-            if n < space or gw.backlog(ci) or not gw.interest(ci) & core.WANT_READ:
+            if n < space or not gw.reading(ci):
                 return  # drained, frames left for the next turn, closing, or waiting for link room
 
     def _write(self, ci):

@@ -13,10 +13,8 @@ ends have matched). Events: every GatewaySink call as ``{"ev": "result"|"error"|
 The loop polls the companion every 10 ms and whenever its wake pipe is readable.
 """
 
-import json
 import logging
 import os
-import select
 import sys
 import time
 
@@ -25,11 +23,7 @@ sys.path.insert(0, ROOT)
 
 from ros_side.backends import make_backend  # noqa: E402
 from ros_side.companion import Companion  # noqa: E402
-
-
-def out(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+from jsonlines import Requests, out  # noqa: E402  (beside this script)
 
 
 class JsonSink:
@@ -70,33 +64,28 @@ def main():
     comp = Companion(backend, JsonSink(), max_message=8 * 1024 * 1024, diagnostics_period_ms=0)
     comp.start()
     out({"ev": "ready", "backend": backend.name, "distro": comp.distro, "pid": os.getpid()})
-    fd, wake, buf = sys.stdin.fileno(), comp.wake_fd(), b""
+    requests = Requests()
     try:
         while True:
-            r, _, _ = select.select([fd, wake], [], [], 0.01)
-            if fd in r:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    return
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    req = json.loads(line)
-                    op = req["op"]
-                    if op == "quit":
-                        out({"re": req["seq"]})
-                        return
-                    if op in ("advertise", "subscribe"):
-                        getattr(comp, op)(req["slot"], req["topic"], req["type"], req["qos"])
-                    elif op in ("unadvertise", "unsubscribe"):
-                        getattr(comp, op)(req["slot"])
-                    elif op == "matched":
-                        out({"re": req["seq"], "count": matched(comp, req["slot"])})
-                        continue
-                    elif op == "publish":
-                        data = bytes.fromhex(req["data"])
-                        comp.publish(req["slot"], data, 0, len(data), req.get("reliable", True))
+            reqs, _ = requests.poll(0.01, (comp.wake_fd(),))
+            if reqs is None:
+                return
+            for req in reqs:
+                op = req["op"]
+                if op == "quit":
                     out({"re": req["seq"]})
+                    return
+                if op in ("advertise", "subscribe"):
+                    getattr(comp, op)(req["slot"], req["topic"], req["type"], req["qos"])
+                elif op in ("unadvertise", "unsubscribe"):
+                    getattr(comp, op)(req["slot"])
+                elif op == "matched":
+                    out({"re": req["seq"], "count": matched(comp, req["slot"])})
+                    continue
+                elif op == "publish":
+                    data = bytes.fromhex(req["data"])
+                    comp.publish(req["slot"], data, 0, len(data), req.get("reliable", True))
+                out({"re": req["seq"]})
             comp.poll(now_ms())
     finally:
         comp.close()

@@ -22,18 +22,13 @@ incompatible-QoS event). Everything runs on one thread: select on stdin, then sp
 """
 
 import importlib
-import json
 import os
-import select
 import sys
+
+from jsonlines import Requests, out  # beside this script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def out(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 class RclpyPeer:
@@ -206,38 +201,32 @@ class CyclonePeer:
 def main():
     peer = RclpyPeer() if sys.argv[1] == "rclpy" else CyclonePeer()
     out({"ev": "ready", "pid": os.getpid()})
-    buf = b""
-    fd = sys.stdin.fileno()
+    requests = Requests()
     while True:
-        r, _, _ = select.select([fd], [], [], 0)
-        if r:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                req = json.loads(line)
-                op = req["op"]
-                if op == "quit":
-                    peer.close()
-                    out({"re": req["seq"]})
-                    return
-                try:
-                    res = {}
-                    if op in ("pub", "sub"):
-                        peer.create(op, req["id"], req["topic"], req["type"], req.get("qos", {}))
-                    elif op == "write":
-                        peer.write(req["id"], bytes.fromhex(req["data"]))
-                    elif op == "count":
-                        res["count"] = peer.count(req["id"])
-                    elif op == "drop":
-                        peer.drop(req["id"])
-                    elif op == "graph":
-                        res = peer.graph(req["topic"])
-                    out(dict(res, re=req["seq"]))
-                except Exception as e:
-                    out({"re": req["seq"], "error": "%s: %s" % (type(e).__name__, e)})
+        reqs, _ = requests.poll(0)
+        if reqs is None:
+            break
+        for req in reqs:
+            op = req["op"]
+            if op == "quit":
+                peer.close()
+                out({"re": req["seq"]})
+                return
+            try:
+                res = {}
+                if op in ("pub", "sub"):
+                    peer.create(op, req["id"], req["topic"], req["type"], req.get("qos", {}))
+                elif op == "write":
+                    peer.write(req["id"], bytes.fromhex(req["data"]))
+                elif op == "count":
+                    res["count"] = peer.count(req["id"])
+                elif op == "drop":
+                    peer.drop(req["id"])
+                elif op == "graph":
+                    res = peer.graph(req["topic"])
+                out(dict(res, re=req["seq"]))
+            except Exception as e:
+                out({"re": req["seq"], "error": "%s: %s" % (type(e).__name__, e)})
         peer.spin()
     peer.close()
 

@@ -220,12 +220,8 @@ class GatewayServer:
             return
         gw = self.gw
         dec = gw.clients[ci].decoder
-        if gw.backlog(ci):  # frames of an earlier read first; read more only when they are done
-            gw.received(ci, 0, now)
-            if gw.backlog(ci):
-                return
-        if not gw.interest(ci) & core.WANT_READ:
-            return  # it does not read its replies (or is closing): its input waits
+        if not gw.may_read(ci, now):
+            return  # frames of an earlier read wait, or it does not read its replies, or closing
         total = 0
         # Bounded reads per wake-up so one busy client cannot starve the others.
         while total < READ_BYTES_PER_TURN:
@@ -245,7 +241,7 @@ class GatewayServer:
                 return
             total += n
             gw.received(ci, n, now)
-            if gw.backlog(ci) or not gw.interest(ci) & core.WANT_READ:
+            if not gw.reading(ci):
                 break  # frames left for the next turn, closing, or waiting for link room
 
     def _write(self, ci: int) -> None:
