@@ -49,6 +49,8 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         col = K.Collector(reader)
         rss0 = K.rss_kib(chain.gw.pid) if chain.gw else 0
         rss_max = [rss0]
+        procs = {"gateway": chain.gw, "companion": chain.comp}
+        cpu0 = {k: K.cpu_s(p.pid) for k, p in procs.items() if p}
         t0 = time.monotonic()
         ths = []
         for ci, c in enumerate(cs):
@@ -75,6 +77,7 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
             th.join(timeout)
         got = col.stop()
         r: Dict[str, Any] = K.check_order([d for _, d in got], clients, per_client)
+        r["cpu"] = {k: tuple(b - a for a, b in zip(cpu0[k], K.cpu_s(procs[k].pid))) for k in cpu0}
         if got:
             span = got[-1][0] - t0
             r["span_s"] = span
@@ -97,6 +100,7 @@ def run_bare_dds(topic: str, count: int, size: int, timeout: float) -> Dict[str,
                 "--topic", topic, "--count", str(count), "--size", str(size)])
     try:
         K.wait_for(lambda: K.matched(reader) >= 1, 20.0)
+        cpu0 = K.cpu_s(w.pid)
         col = K.Collector(reader)
         t0 = None
         end = time.monotonic() + timeout + 20
@@ -106,6 +110,7 @@ def run_bare_dds(topic: str, count: int, size: int, timeout: float) -> Dict[str,
                 t0 = col.got[0][0]
         got = col.stop()
         r = K.check_order([d for _, d in got], 1, count)
+        r["cpu"] = {"writer": tuple(b - a for a, b in zip(cpu0, K.cpu_s(w.pid)))}
         span = (got[-1][0] - got[0][0]) if len(got) > 1 else 0.0
         r["per_s"] = r["delivered"] / span if span > 0 else 0.0
         return r
@@ -176,6 +181,9 @@ def fmt(r: Dict[str, Any]) -> str:
             s += "  %s %d" % (k, r[k])
     if "rss_growth_kib" in r:
         s += "  gateway RSS +%d KiB" % r["rss_growth_kib"]
+    for k, (used, waited) in sorted(r.get("cpu", {}).items()):
+        s += "\n      %s: %.1f us CPU per message, %.2f s waiting for a CPU" % (
+            k, 1e6 * used / max(1, r.get("delivered", 0)), waited)
     if r.get("errors"):
         s += "  ERROR frames %d %s" % (r["error_frames"], ",".join(r["errors"]))
     return s

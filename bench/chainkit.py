@@ -89,6 +89,23 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_s(pid: int) -> Tuple[float, float]:
+    """(CPU seconds used, seconds spent runnable but waiting for a CPU) by a process so far,
+    every thread included (/proc/PID/stat and schedstat). A pipeline on a shared 2-core machine
+    is often starved rather than slow: the second figure tells the two apart."""
+    with open("/proc/%d/stat" % pid) as g:
+        f = g.read().rsplit(")", 1)[1].split()
+    used = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    waited = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as g:
+                waited += int(g.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass                                   # a thread that just ended
+    return used, waited / 1e9
+
+
 # -- CDR of std_msgs/String (hand-built: no per-message library call) ------------------------------
 def string_cdr(text: bytes) -> bytes:
     """CDR (little-endian header) of a std_msgs/String whose data is ``text``."""
