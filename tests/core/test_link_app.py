@@ -271,3 +271,63 @@ def test_a_session_that_does_not_come_back_releases_everything():
     cut[0] = False
     p.run(2000, dt=10, until=lambda: comp.live == {("p", 1): "/a"})
     assert comp.live == {("p", 1): "/a"}
+
+
+def _imu_over_link(policy, seconds=2):
+    # A 1 kHz ROS topic offered to the companion end for `seconds`; returns what reached the
+    # gateway (messages) and the bytes that crossed the link companion -> gateway meanwhile.
+    p, port, gw, comp, end = setup()
+    gw.policy = policy              # as Gateway.set_policy leaves it for LinkRosPort.subscribe
+    gw.subs[3] = ("/imu", "sensor_msgs/msg/Imu", QOS_BE)
+    p.run(300)
+    gw.take()
+    w0 = p.wire[1]
+    for i in range(seconds * 1000):
+        end.ros_message(3, b"imu%06d" % i + bytes(300), 0, 309)
+        end.tick(p.now)
+        p.step()
+    for _ in range(50):             # the last period ends: its held message goes out
+        end.tick(p.now)
+        p.step()
+    return [m[2][:9] for m in gw.take("message")], p.wire[1] - w0, end
+
+
+def test_throttle_holds_a_topic_to_its_rate_before_the_link():
+    got, wire, end = _imu_over_link(L.Policy(throttle=[("/imu", 20)]))
+    full, wire_full, _ = _imu_over_link(None)
+    assert len(full) == 2000
+    assert 99 <= len(got) <= 101               # 50 Hz for 2 s, not 1000 Hz
+    assert got[-1] == b"imu001999"              # the newest of the last period is delivered
+    assert got == sorted(set(got))              # in order, no repeats
+    assert wire * 8 < wire_full                 # the link carries ~1/20 of the bytes
+    assert end.counters()["throttle_superseded"] >= 1890
+
+
+def test_sub_record_carries_the_period_and_an_older_gateway_none():
+    p, port, gw, comp, end = setup()
+    p.run(300)
+    sent = []
+    real = port.s.send
+    port.s.send = lambda t, s, b, o, n, r, c: sent.append(bytes(b[o:o + n])) or real(t, s, b, o, n, r, c)
+    gw.policy = L.Policy(throttle=[("/imu*", 20)])  # (glob, period in ms): 50 Hz
+    port.subscribe(4, "/imu/data", "sensor_msgs/msg/Imu", QOS_BE)
+    port.subscribe(5, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE)
+    p.run(50)
+    recs = [L.link_record_json(b, 0, len(b)) for b in sent]
+    assert recs[0]["period_ms"] == 20 and "period_ms" not in recs[1]
+    assert end.throttle.idx == {4: 0}           # only the throttled one holds a buffer
+    port.unsubscribe(4)
+    p.run(50)
+    assert end.throttle.idx == {}
+
+
+def test_a_bad_period_is_a_rejected_record():
+    p, port, gw, comp, end = setup()
+    p.run(300)
+    for bad in (-1, "20", True, 1 << 31):
+        b = L.link_record_body({"topic": "/a", "type": "std_msgs/msg/String", "qos": None,
+                                "gen": 7, "period_ms": bad})
+        port.s.send(L.LK_T_SUB, 9, b, 0, len(b), True, True)
+        p.run(50)
+    assert end.c_bad == 4 and port.c_rejected == 4
+    assert not [c for c in comp.calls if c[0] == "subscribe"]
