@@ -331,3 +331,15 @@ def test_a_bad_period_is_a_rejected_record():
         p.run(50)
     assert end.c_bad == 4 and port.c_rejected == 4
     assert not [c for c in comp.calls if c[0] == "subscribe"]
+
+
+def test_qos_incompatible_crosses_the_link_to_the_gateway():
+    p, port, gw, comp, end = setup()
+    gw.subs[2] = ("/imu", "sensor_msgs/msg/Imu", QOS_R)
+    p.run(300)
+    gw.take()
+    end.ros_error("sub", 2, "qos_incompatible", "/imu: a ROS publisher with incompatible QoS "
+                  "(RELIABILITY) does not match this subscription")
+    p.run(50)
+    assert gw.take("error") == [("error", "sub", 2, "qos_incompatible")]
+    assert port.c_bad == 0
