@@ -19,7 +19,7 @@ import os
 import struct
 import sys
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from tests.e2e.helpers import E2E_DOMAIN, Client, companion_argv, e2e_proc
 from tests.support.procs import ROOT, Proc
@@ -32,7 +32,7 @@ HZ = 50
 COUNT = 3000                   # 3 s at 1 kHz
 
 
-def chain(*gateway_flags: str) -> Dict[str, float]:
+def chain(*gateway_flags: str) -> Dict[str, Any]:
     """One run of the whole chain; what crossed the line and what the client got."""
     cable = PacedPtyCable(BAUD)
     procs: List[Proc] = []

@@ -132,7 +132,7 @@ def test_qos_table_row(comp, sink, dp, side, policy, pub, sub, compatible, old):
     if compatible:
         assert pump(comp, 10, matched), "no match"
         # best effort may lose a sample: write until one arrives
-        for i in range(50):
+        for _ in range(50):
             write("new")
             if pump(comp, 0.1, lambda: "new" in received()):
                 break
