@@ -32,7 +32,8 @@ class LinkCompanionEnd:
         self.s = session
         session.handler = self
         self.companion = companion
-        self.regs = {}        # key (slot*2 + is_sub) -> [topic, type, qos, gen, period_ms] of the live one
+        # key (slot*2 + is_sub) -> [topic, type, qos, gen, period_ms] of the live one
+        self.regs = {}
         self.results = {}     # key -> (code, message) of the last ros_result
         self.sub_rel = {}     # sub slot -> reliable?
         self.had = False
@@ -245,7 +246,7 @@ class LinkCompanionEnd:
         rel = self.sub_rel.get(slot, True)
         r = self.s.send(L.LK_T_MSG, slot, buf, off, n, rel, False)
         if r == L.LK_OK:
-            return r
+            return
         if r == L.LK_TOO_LARGE:
             self.c_too_large += 1
             code = "message_too_large"
@@ -255,13 +256,12 @@ class LinkCompanionEnd:
             code = "link_congested"
             msg = "link send buffer full; reliable message dropped"
         else:
-            return r
+            return
         t = self._rep.get(slot)
         now = self.s.now
         if t is None or now - t >= 1000:
             self._rep[slot] = now
             self.ros_error("sub", slot, code, msg)
-        return r
 
     def ros_sub_count(self, slot, count):
         b = self._cnt

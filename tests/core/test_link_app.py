@@ -343,3 +343,24 @@ def test_qos_incompatible_crosses_the_link_to_the_gateway():
     p.run(50)
     assert gw.take("error") == [("error", "sub", 2, "qos_incompatible")]
     assert port.c_bad == 0
+
+
+def test_a_held_reliable_message_waits_for_link_room_at_its_period_end():
+    p, port, gw, comp, end = setup(rel_bytes=16384, max_message=4000)
+    gw.policy = L.Policy(throttle=[("/thr", 20)])
+    gw.subs[1] = ("/thr", "std_msgs/msg/String", QOS_R)
+    gw.subs[2] = ("/bulk", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    gw.take()
+    end.ros_message(1, b"first", 0, 5)          # a quiet topic: goes at once
+    end.ros_message(1, b"held!", 0, 5)          # same period: held
+    while end.s.rel_room(3000):                 # the link's reliable ring fills up (no acks yet)
+        end.ros_message(2, bytes(3000), 0, 3000)
+    p.now += 25                                 # the period ends while the link has no room
+    end.tick(p.now)
+    assert end.throttle.t.held[end.throttle.t.pool_of[0]] == 5   # still held, not dropped
+    for _ in range(400):
+        end.tick(p.now)
+        p.step()
+    assert [m[2] for m in gw.take("message") if m[1] == 1] == [b"first", b"held!"]
+    assert end.c_congested == 0 and not gw.take("error")
