@@ -2295,7 +2295,7 @@ LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (sm
 LK_TEXT_MAX = const(1024)  # longest message / distro string taken from the peer
 LK_RESULT_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
                    "link_congested", "resource_exhausted")
-LK_ERROR_CODES = ("message_too_large", "link_congested")
+LK_ERROR_CODES = ("message_too_large", "link_congested", "qos_incompatible")
 
 
 def _lk_t8():
@@ -3662,7 +3662,7 @@ class LinkRosPort:
         b = link_record_body(obj) if obj is not None else b""
         return self.s.send(t, slot, b, 0, len(b), True, True)
 
-    def _register(self, t, sub, slot, topic, type, qos):
+    def _register(self, t, sub, slot, topic, type, qos, period=0):
         self._retry_releases()
         key = slot * 2 + sub
         self.unreleased.pop(key, None)     # the new registration replaces it on the companion
@@ -3673,7 +3673,10 @@ class LinkRosPort:
             self.gens[key] = -g
         elif g < 0:
             g = -g
-        r = self._ctl(t, slot, {"topic": topic, "type": type, "qos": qos, "gen": g})
+        rec = {"topic": topic, "type": type, "qos": qos, "gen": g}
+        if period > 0:  # --throttle: the companion holds the topic to it before the link
+            rec["period_ms"] = period
+        r = self._ctl(t, slot, rec)
         if r == LK_OK or r == _LK_DOWN:     # down: ros_up hands every registration over again
             return
         # Never silently lost: the clients on the slot get an ERROR and their registrations end.
@@ -3714,7 +3717,9 @@ class LinkRosPort:
         self._release(LK_T_UNADV, 0, slot)
 
     def subscribe(self, slot, topic, type, qos):
-        self._register(LK_T_SUB, 1, slot, topic, type, qos)
+        pol = getattr(self.sink, "policy", None)  # the Gateway's --throttle rules, if any
+        per = pol.throttle_period(topic) if pol is not None else 0
+        self._register(LK_T_SUB, 1, slot, topic, type, qos, per)
 
     def unsubscribe(self, slot):
         self._release(LK_T_UNSUB, 1, slot)

@@ -231,7 +231,9 @@ def run_link(args: argparse.Namespace) -> int:
                     sel.register(fd, selectors.EVENT_READ, "link")
                 link_fd = fd
             wait = driver.wait_ms()  # a paced line: wake when the next frame may go
-            for key, _ in sel.select(min(0.02, wait / 1000.0) if wait else 0.02):
+            timeout = min(0.02, wait / 1000.0) if wait else 0.02
+            timeout = min(timeout, end.deadline(now_ms()) / 1000.0)  # a throttled message due
+            for key, _ in sel.select(timeout):
                 now = now_ms()
                 if key.data == "link":
                     contained("handling link input", driver.on_readable, now)
@@ -240,6 +242,7 @@ def run_link(args: argparse.Namespace) -> int:
             now = now_ms()
             contained("companion poll", companion.poll, now)
             contained("link timers", driver.tick, now)
+            contained("throttled messages", end.tick, now)
             if end.owed:
                 contained("answers owed", end.retry_answers)
             contained("link output", driver.flush, now)

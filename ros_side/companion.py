@@ -88,7 +88,8 @@ def _warn(key, msg):
 class _Entity:
     __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
-                 "history_charge", "incompatible_seen", "incompatible_last")
+                 "history_charge", "incompatible_seen", "incompatible_last",
+                 "incompatible_policy")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -107,6 +108,7 @@ class _Entity:
         self.history_charge = 0     # bytes of --max-history-bytes this entity reserves
         self.incompatible_seen = 0    # the backend's incompatible-QoS total already reported
         self.incompatible_last = None  # now of the last qos_incompatible report
+        self.incompatible_policy = ""  # the policy the backend named last (for /diagnostics)
 
 
 class Companion:
@@ -173,7 +175,7 @@ class Companion:
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
-                             "reader_pauses"))
+                             "reader_pauses", "qos_incompatible"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -544,6 +546,8 @@ class Companion:
                 continue
             ent.incompatible_seen = total
             ent.incompatible_last = now
+            ent.incompatible_policy = policy
+            self.stats["qos_incompatible"] += 1
             other = "subscription" if ent.kind == "pub" else "publisher"
             msg = ("%s: a ROS %s with incompatible QoS (%s) does not match this %s (qos %s)"
                    % (ent.topic, other, policy, "publisher" if ent.kind == "pub"
@@ -592,6 +596,11 @@ class Companion:
         d["history_bytes_reserved"] = self.history_used
         d["history_bytes_limit"] = self.history_limit
         d.update(self.stats)
+        # Which of our publishers/subscriptions met a ROS peer whose QoS cannot match (issue 13:
+        # /diagnostics lists them, beside the qos_incompatible ERROR the clients get).
+        d["qos_incompatible_topics"] = ", ".join(
+            "%s (%s, %s)" % (e.topic, e.kind, e.incompatible_policy)
+            for e in list(self._pubs.values()) + list(self._subs.values()) if e.incompatible_seen)
         cb_err = getattr(self.backend, "callback_errors", None)
         if cb_err is not None:
             d["backend_callback_errors"] = cb_err
@@ -603,9 +612,11 @@ class Companion:
     def _diag_statuses(self):
         d = self.diagnostics()
         own = [(k, str(v)) for k, v in d.items() if "." not in k]
-        warn = d.get("queue_drops", 0) or d.get("too_large_drops", 0)
-        out = [(diag.WARN if warn else diag.OK, "ros_side: companion",
-                "messages dropped" if warn else "ok", self._hardware_id, own)]
+        drops = d.get("queue_drops", 0) or d.get("too_large_drops", 0)
+        qos = d.get("qos_incompatible_topics")
+        what = "messages dropped" if drops else "QoS incompatible: " + qos[:200] if qos else "ok"
+        out = [(diag.WARN if drops or qos else diag.OK, "ros_side: companion", what,
+                self._hardware_id, own)]
         for group in self._group_stats:
             prefix = group + "."
             vals = [(k[len(prefix):], str(v)) for k, v in d.items() if k.startswith(prefix)]

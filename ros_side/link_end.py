@@ -10,6 +10,9 @@
 import struct
 
 import ubrb_min as L
+from ros_side.link_throttle import LinkThrottle
+
+PERIOD_MS_MAX = 1 << 30  # a SUB's "period_ms" (--throttle 0.001 Hz is 10^6 ms)
 
 
 def _short(message):
@@ -29,7 +32,8 @@ class LinkCompanionEnd:
         self.s = session
         session.handler = self
         self.companion = companion
-        self.regs = {}        # key (slot*2 + is_sub) -> [topic, type, qos, gen] of the live one
+        # key (slot*2 + is_sub) -> [topic, type, qos, gen, period_ms] of the live one
+        self.regs = {}
         self.results = {}     # key -> (code, message) of the last ros_result
         self.sub_rel = {}     # sub slot -> reliable?
         self.had = False
@@ -46,6 +50,7 @@ class LinkCompanionEnd:
         # retry_answers(). Without its RESULT the gateway would wait for ever.
         self.owed = {}
         self.c_answer_retry = 0
+        self.throttle = LinkThrottle()  # the gateway's --throttle, applied before the link
 
     def _ctl(self, t, slot, obj):
         b = L.link_record_body(obj) if obj is not None else b""
@@ -61,6 +66,7 @@ class LinkCompanionEnd:
             self.results.clear()
             self.sub_rel.clear()
             self.owed.clear()
+            self.throttle.clear(self.s.now)
         self.had = True
         f = getattr(self.companion, "set_max_message", None)
         if f is not None:
@@ -83,6 +89,7 @@ class LinkCompanionEnd:
         self.regs.clear()
         self.results.clear()
         self.sub_rel.clear()
+        self.throttle.clear(now)
         return True
 
     def link_message(self, t, slot, buf, off, n, reliable):
@@ -115,10 +122,15 @@ class LinkCompanionEnd:
             qos = d.get("qos")
             if qos is not None and not isinstance(qos, dict):
                 return "'qos' must be an object or null"
+            period = d.get("period_ms", 0)  # absent (an older gateway, no --throttle): none
+            if not isinstance(period, int) or isinstance(period, bool) or period < 0 \
+                    or period > PERIOD_MS_MAX:
+                return "'period_ms' must be an integer from 0 to %d" % PERIOD_MS_MAX
             sub = 1 if t == L.LK_T_SUB else 0
             key = slot * 2 + sub
             old = self.regs.get(key)
-            if old is not None and old[0] == topic and old[1] == type_ and old[2] == qos:
+            if old is not None and old[0] == topic and old[1] == type_ and old[2] == qos \
+                    and old[4] == period:
                 # re-sent after a resumed session, or after a lost release: answer from the cache
                 old[3] = gen
                 r = self.results.get(key)
@@ -133,8 +145,9 @@ class LinkCompanionEnd:
                     c.unadvertise(slot)
                 self.results.pop(key, None)
             # Set before the call: the companion answers (ros_result) with this generation.
-            self.regs[key] = [topic, type_, qos, gen]
+            self.regs[key] = [topic, type_, qos, gen, period]
             if sub:
+                self.throttle.bind(slot, period, self.s.now)
                 q = qos or {}
                 self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
                 self.s.set_depth(slot, q.get("depth", 1))
@@ -148,6 +161,7 @@ class LinkCompanionEnd:
                 self.results.pop(key, None)
                 if sub:
                     self.sub_rel.pop(slot, None)
+                    self.throttle.release(slot, self.s.now)
                     c.unsubscribe(slot)
                 else:
                     c.unadvertise(slot)
@@ -207,6 +221,28 @@ class LinkCompanionEnd:
                                        "gen": self._gen(kind, slot)})
 
     def ros_message(self, slot, buf, off, n):
+        if self.throttle.idx and not self.throttle.admit(slot, buf, off, n, self.s.now,
+                                                         self.s.max_send()):
+            return                         # held: tick() sends the newest at the period's end
+        self._send_message(slot, buf, off, n)
+
+    def tick(self, now):
+        """Send the throttled messages whose period ended (call it from the loop, by deadline())."""
+        while True:
+            d = self.throttle.due(now)
+            if d is None:
+                return
+            slot, buf, n, k = d
+            if self.sub_rel.get(slot, True) and not self.s.rel_room(n):
+                self.throttle.rehold(k, n)  # reliable: waits for link room, as in Companion.poll
+                return
+            self._send_message(slot, buf, 0, n)
+
+    def deadline(self, now):
+        """Milliseconds until tick() has work."""
+        return self.throttle.deadline(now)
+
+    def _send_message(self, slot, buf, off, n):
         rel = self.sub_rel.get(slot, True)
         r = self.s.send(L.LK_T_MSG, slot, buf, off, n, rel, False)
         if r == L.LK_OK:
@@ -240,6 +276,7 @@ class LinkCompanionEnd:
         if self.down_at >= 0:
             self.down_at -= d
         self.ratelog.rebase(d)
+        self.throttle.rebase(d)
 
     def counters(self):
         d = self.s.counters()
@@ -247,4 +284,5 @@ class LinkCompanionEnd:
         d["msg_too_large"] = self.c_too_large
         d["bad_records"] = self.c_bad
         d["rejected_records"] = self.c_rejected
+        d.update(self.throttle.counters())
         return d

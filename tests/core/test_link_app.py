@@ -271,3 +271,96 @@ def test_a_session_that_does_not_come_back_releases_everything():
     cut[0] = False
     p.run(2000, dt=10, until=lambda: comp.live == {("p", 1): "/a"})
     assert comp.live == {("p", 1): "/a"}
+
+
+def _imu_over_link(policy, seconds=2):
+    # A 1 kHz ROS topic offered to the companion end for `seconds`; returns what reached the
+    # gateway (messages) and the bytes that crossed the link companion -> gateway meanwhile.
+    p, port, gw, comp, end = setup()
+    gw.policy = policy              # as Gateway.set_policy leaves it for LinkRosPort.subscribe
+    gw.subs[3] = ("/imu", "sensor_msgs/msg/Imu", QOS_BE)
+    p.run(300)
+    gw.take()
+    w0 = p.wire[1]
+    for i in range(seconds * 1000):
+        end.ros_message(3, b"imu%06d" % i + bytes(300), 0, 309)
+        end.tick(p.now)
+        p.step()
+    for _ in range(50):             # the last period ends: its held message goes out
+        end.tick(p.now)
+        p.step()
+    return [m[2][:9] for m in gw.take("message")], p.wire[1] - w0, end
+
+
+def test_throttle_holds_a_topic_to_its_rate_before_the_link():
+    got, wire, end = _imu_over_link(L.Policy(throttle=[("/imu", 20)]))
+    full, wire_full, _ = _imu_over_link(None)
+    assert len(full) == 2000
+    assert 99 <= len(got) <= 101               # 50 Hz for 2 s, not 1000 Hz
+    assert got[-1] == b"imu001999"              # the newest of the last period is delivered
+    assert got == sorted(set(got))              # in order, no repeats
+    assert wire * 8 < wire_full                 # the link carries ~1/20 of the bytes
+    assert end.counters()["throttle_superseded"] >= 1890
+
+
+def test_sub_record_carries_the_period_and_an_older_gateway_none():
+    p, port, gw, comp, end = setup()
+    p.run(300)
+    sent = []
+    real = port.s.send
+    port.s.send = lambda t, s, b, o, n, r, c: sent.append(bytes(b[o:o + n])) or real(t, s, b, o, n, r, c)
+    gw.policy = L.Policy(throttle=[("/imu*", 20)])  # (glob, period in ms): 50 Hz
+    port.subscribe(4, "/imu/data", "sensor_msgs/msg/Imu", QOS_BE)
+    port.subscribe(5, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE)
+    p.run(50)
+    recs = [L.link_record_json(b, 0, len(b)) for b in sent]
+    assert recs[0]["period_ms"] == 20 and "period_ms" not in recs[1]
+    assert end.throttle.idx == {4: 0}           # only the throttled one holds a buffer
+    port.unsubscribe(4)
+    p.run(50)
+    assert end.throttle.idx == {}
+
+
+def test_a_bad_period_is_a_rejected_record():
+    p, port, gw, comp, end = setup()
+    p.run(300)
+    for bad in (-1, "20", True, 1 << 31):
+        b = L.link_record_body({"topic": "/a", "type": "std_msgs/msg/String", "qos": None,
+                                "gen": 7, "period_ms": bad})
+        port.s.send(L.LK_T_SUB, 9, b, 0, len(b), True, True)
+        p.run(50)
+    assert end.c_bad == 4 and port.c_rejected == 4
+    assert not [c for c in comp.calls if c[0] == "subscribe"]
+
+
+def test_qos_incompatible_crosses_the_link_to_the_gateway():
+    p, port, gw, comp, end = setup()
+    gw.subs[2] = ("/imu", "sensor_msgs/msg/Imu", QOS_R)
+    p.run(300)
+    gw.take()
+    end.ros_error("sub", 2, "qos_incompatible", "/imu: a ROS publisher with incompatible QoS "
+                  "(RELIABILITY) does not match this subscription")
+    p.run(50)
+    assert gw.take("error") == [("error", "sub", 2, "qos_incompatible")]
+    assert port.c_bad == 0
+
+
+def test_a_held_reliable_message_waits_for_link_room_at_its_period_end():
+    p, port, gw, comp, end = setup(rel_bytes=16384, max_message=4000)
+    gw.policy = L.Policy(throttle=[("/thr", 20)])
+    gw.subs[1] = ("/thr", "std_msgs/msg/String", QOS_R)
+    gw.subs[2] = ("/bulk", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    gw.take()
+    end.ros_message(1, b"first", 0, 5)          # a quiet topic: goes at once
+    end.ros_message(1, b"held!", 0, 5)          # same period: held
+    while end.s.rel_room(3000):                 # the link's reliable ring fills up (no acks yet)
+        end.ros_message(2, bytes(3000), 0, 3000)
+    p.now += 25                                 # the period ends while the link has no room
+    end.tick(p.now)
+    assert end.throttle.t.held[end.throttle.t.pool_of[0]] == 5   # still held, not dropped
+    for _ in range(400):
+        end.tick(p.now)
+        p.step()
+    assert [m[2] for m in gw.take("message") if m[1] == 1] == [b"first", b"held!"]
+    assert end.c_congested == 0 and not gw.take("error")

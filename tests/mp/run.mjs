@@ -165,7 +165,7 @@ async function main(args) {
     ...pyFiles(path.join(ROOT, "ports")),
     ...pyFiles(path.join(ROOT, "ports", "micropython")),
     // the companion's link end, opposite the port in tests/core/mp_fakes.py
-    ...["__init__.py", "errors.py", "link_end.py"].map((f) => path.join(ROOT, "ros_side", f)),
+    ...["__init__.py", "errors.py", "link_end.py", "link_throttle.py"].map((f) => path.join(ROOT, "ros_side", f)),
     ...pyFiles(CORE_DIR),
     path.join(ROOT, "tests", "__init__.py"),
     ...pyFiles(SUPPORT_DIR),
