@@ -7,7 +7,7 @@
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
-#   make deploy-check  the same layout into build/deploy, started under the unix port (128 KiB)
+#   make deploy-check  the same layout into build/deploy, started under the unix port (200 KiB heap)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
 #   make link-key   a new link key (32 random bytes, hex) in LINK_KEY (default link.key), mode 0600
@@ -143,6 +143,6 @@ deploy: venv
 	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ARGS)
 
 # make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
-# with a 128 KiB heap; HELLO and PING over TCP (what tests/mp_unix runs too).
+# with a 200 KiB heap (tools/deploy.py CHECK_HEAP); HELLO and PING over TCP (what tests/mp_unix runs too).
 deploy-check: venv
 	$(VBIN)/python tools/deploy.py check $(DEPLOY_ARGS)

@@ -1,5 +1,5 @@
 """The whole chain with the board's gateway: UBRB clients -> the MicroPython port (the real unix
-port, the deployed .mpy layout, an ESP32's 128 KiB heap: tests/support/mp_unix.py) -> UDP link
+port, the deployed .mpy layout, the board heap of tests/support/mp_unix.py) -> UDP link
 on 127.0.0.1 -> the CPython companion (dds backend, a subprocess) -> an independent Cyclone DDS
 reader/writer in this process, and back; the companion killed and restarted mid-stream; heap
 left behind after 10,000 relays."""
@@ -28,15 +28,14 @@ from tests.e2e.helpers import (
 )
 from tests.support import ros_idl as I
 from tests.support.loopback_ports import free_port
-from tests.support.mp_unix import MicroPythonGateway
+from tests.support.mp_unix import HEAP as BOARD_HEAP, MicroPythonGateway
 from tests.support.procs import Proc, child_env, wait_for
 
 S = "std_msgs/msg/String"
-# The heap of the chain's gateway. Not the 128 KiB the issue asks for: at 128 KiB the mcu profile
-# with a UDP link starts (tests/gateway: test_deployed_mcu_gateway_with_a_udp_link_starts_in_128k)
-# with ~8 KiB free in small pieces, and the first datagram's recv(1400) fails (MemoryError) on
-# this 64-bit port; 144 KiB is the smallest heap this chain passes with (README, "Memory").
-HEAP = os.environ.get("UBRB_MP_E2E_HEAP", "144k")
+# The heap of the chain's gateway: the board heap every MicroPython test uses (>= 32 KiB free
+# after start-up). The chain also passes at 160k, the smallest heap the mcu profile with a UDP link
+# starts in (README, "Memory"); UBRB_MP_E2E_HEAP tries another.
+HEAP = os.environ.get("UBRB_MP_E2E_HEAP", BOARD_HEAP)
 # KeepLast(1000) at the companion's DDS endpoints: a burst from a test replaces no sample
 DEEP = {"reliability": "reliable", "durability": "volatile", "depth": 1000}
 
@@ -145,8 +144,10 @@ def test_companion_restart_mid_stream(mp_bridge: Any, connect: Any, dds: Dds) ->
     mp_bridge.start_companion()                 # a new process, a new epoch
     assert wait_for(lambda: mp_bridge.ros_ups() > ups, 10), "the gateway never saw the new companion"
     exchange("after")
-    assert not a.closed and not b.closed        # the clients noticed nothing but the gap
-    assert a.error_codes() == [] and b.error_codes() == []
+    assert not a.closed and not b.closed        # the clients noticed nothing but the gap ...
+    # ... and ERROR link_reset (id null): the companion is a new session, messages in flight may
+    # be lost (docs/PROTOCOL.md; the same as tests/e2e/test_e2e_resilience.py on CPython)
+    assert a.error_codes() == [("link_reset", None)] and b.error_codes() == [("link_reset", None)]
 
 
 def test_10000_relays_leave_the_heap_as_it_was(connect: Any, dds: Dds) -> None:
