@@ -2283,7 +2283,7 @@ LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (sm
 LK_TEXT_MAX = const(1024)  # longest message / distro string taken from the peer
 LK_RESULT_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
                    "link_congested", "resource_exhausted")
-LK_ERROR_CODES = ("message_too_large", "link_congested")
+LK_ERROR_CODES = ("message_too_large", "link_congested", "qos_incompatible")
 
 
 def _lk_t8():
