@@ -16,7 +16,7 @@ import ubrb_min as core
 
 log = logging.getLogger("ubrb.gateway")
 
-ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
+ACCEPT_GRACE_MS = core.LK_RESTART_MS  # at start-up, how long clients may wait for the link
 # Work per client per loop turn is bounded, so a flood from one client cannot delay the others,
 # the link or a SIGTERM: at most this many bytes read (then its frames handled) per turn.
 READ_BYTES_PER_TURN = 64 * 1024
