@@ -2245,11 +2245,6 @@ _LK_DOWN = const(3)
 LK_HELLO_MS = const(250)
 _LK_HB_MS = const(400)
 LK_DEAD_MS = const(2000)
-# How long a just-started gateway may hold clients back waiting for its link (then it serves
-# them without ROS). Unkeyed, a companion still UP with the previous gateway answers a restarted
-# one only once that session has timed out (LK_DEAD_MS after the old gateway went silent), at the
-# next HELLO (LK_HELLO_MS later); the rest is margin for round trips and a loaded machine.
-LK_RESTART_MS = const(3000)
 _LK_RTO_INIT = const(500)
 _LK_RTO_MIN = const(40)
 _LK_RTO_MAX = const(2000)

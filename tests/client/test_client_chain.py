@@ -199,7 +199,7 @@ def test_gateway_killed_and_restarted_mid_stream(chain: Chain, dds: DdsBackend) 
 
     The gateway is restarted at once, so its link comes up only once the companion's session
     with the killed gateway has timed out (unkeyed link: ~2 s, docs/LINK.md); the new gateway must
-    hold the client back until then (LK_RESTART_MS), or it drops the replayed PUBLISHes
+    hold the client back until then (its accept grace, 3 s), or it drops the replayed PUBLISHes
     (``dropped_no_ros``, in the assertion message's counters).
     """
     rel_topic, be_topic, back_topic = NS + "/rel", NS + "/be", NS + "/back"
