@@ -45,7 +45,6 @@ try:
 except ImportError:
     _network = None
 
-_ACCEPT_GRACE_MS = const(2000)  # at start-up, how long clients may wait for the link before being served
 _POLL_MS = const(50)  # longest poll() wait: the core's and the link's timers need tick() this often
 STATS_MS = const(1000)  # gateway counters to the companion (its /diagnostics); 0: never
 _MAX_READS = const(4)  # reads per client per wake-up, so one busy client cannot starve the others
@@ -139,7 +138,10 @@ class GatewayLoop:
     """The poll loop: a listening socket, client sockets, and optionally a link driver."""
 
     def __init__(self, gw, listen, link=None, ros=None, io=None, clock=None, log=None,
-                 accept_grace_ms=_ACCEPT_GRACE_MS, stats_ms=STATS_MS, backlog=2):
+                 accept_grace_ms=core.LK_DEAD_MS + 4 * core.LK_HELLO_MS, stats_ms=STATS_MS,
+                 backlog=2):
+        # accept_grace_ms: at start-up clients wait this long for the link (a restarted gateway's
+        # companion answers once its old session's dead timer ran out, then at its next HELLO)
         self.gw = gw
         self.link = link  # LinkDriver or None
         self.ros = ros  # LinkRosPort (send_stats) or None

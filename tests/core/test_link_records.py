@@ -270,3 +270,22 @@ def test_a_registration_the_companion_rejects_ends_with_an_error():
     p.run(100)
     assert gw.take() == [("result", "pub", 2, "protocol_error")]
     assert port.c_rejected == 3 and 4 not in port.gens
+
+
+def test_every_error_the_companion_sends_reaches_the_gateway_core():
+    # Regression (merge of issues 10 and 14a): the companion reports a QoS mismatch with a ROS
+    # peer as ERROR qos_incompatible, and the gateway's record check once refused that code as a
+    # bad record, so the UBRB client never heard of the mismatch.
+    p, port, gw, comp, end = up()
+    port.advertise(1, "/a", "std_msgs/msg/String", QOS_R)
+    port.subscribe(2, "/s", "std_msgs/msg/String", QOS_R)
+    p.run(50)
+    gw.take()
+    codes = ("message_too_large", "link_congested", "qos_incompatible")
+    for code in codes:
+        end.ros_error("pub", 1, code, "a %s on /a" % code)
+        end.ros_error("sub", 2, code, "a %s on /s" % code)
+    p.run(50)
+    assert gw.take("error") == [e for c in codes for e in (("error", "pub", 1, c),
+                                                           ("error", "sub", 2, c))]
+    assert port.c_bad == 0 and end.c_rejected == 0

@@ -349,7 +349,10 @@ def test_reliable_messages_wait_for_link_room_and_none_is_lost(dds_backend, dp):
             return self.open
 
     sink = LinkSink()
-    comp = Companion(dds_backend, sink, diagnostics_period_ms=0, queue_limit=8)
+    # Depth 1000 x the largest message must fit the history budget (issue 13): with the default
+    # 64 MiB messages it would not (resource_exhausted); these messages are a few bytes.
+    comp = Companion(dds_backend, sink, max_message=64 * 1024, diagnostics_period_ms=0,
+                     queue_limit=8)
     try:
         w = DataWriter(dp, Topic(dp, "rt/bp_rel", I.String),
                        qos=Qos(Policy.Reliability.Reliable(10 ** 10), Policy.History.KeepAll))
@@ -358,6 +361,7 @@ def test_reliable_messages_wait_for_link_room_and_none_is_lost(dds_backend, dp):
         comp.subscribe(3, "/bp_rel", "std_msgs/msg/String", {"depth": 1000})
         comp.subscribe(4, "/bp_be", "std_msgs/msg/String",
                        {"reliability": "best_effort", "depth": 1})
+        assert sink.results() == [("sub", 3, None), ("sub", 4, None)], sink.of("result")
         assert wait_for(lambda: w.get_publication_matched_status().current_count == 1
                         and wb.get_publication_matched_status().current_count == 1)
         n = 300

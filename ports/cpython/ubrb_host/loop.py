@@ -16,7 +16,11 @@ import ubrb_min as core
 
 log = logging.getLogger("ubrb.gateway")
 
-ACCEPT_GRACE_MS = 2000  # at start-up, how long clients may wait for the link before being served
+# At start-up, how long clients may wait for the link before being served. Unkeyed, a companion
+# still UP with the previous gateway answers a restarted one only once that session has timed
+# out (LK_DEAD_MS after the old gateway went silent), at its next HELLO (LK_HELLO_MS later); the
+# rest is margin for the round trips and a loaded machine: 3 s.
+ACCEPT_GRACE_MS = core.LK_DEAD_MS + 4 * core.LK_HELLO_MS
 # Work per client per loop turn is bounded, so a flood from one client cannot delay the others,
 # the link or a SIGTERM: at most this many bytes read (then its frames handled) per turn.
 READ_BYTES_PER_TURN = 64 * 1024
