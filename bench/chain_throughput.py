@@ -49,8 +49,8 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         col = K.Collector(reader)
         rss0 = K.rss_kib(chain.gw.pid) if chain.gw else 0
         rss_max = [rss0]
-        procs = {"gateway": chain.gw, "companion": chain.comp}
-        cpu0 = {k: K.cpu_s(p.pid) for k, p in procs.items() if p}
+        procs = {k: p for k, p in (("gateway", chain.gw), ("companion", chain.comp)) if p}
+        cpu0 = {k: K.cpu_s(p.pid) for k, p in procs.items()}
         t0 = time.monotonic()
         ths = []
         for ci, c in enumerate(cs):
