@@ -49,8 +49,8 @@ def chain(*gateway_flags: str) -> Dict[str, Any]:
         c = Client(port, "imu")
         c.subscribe(1, "/imu", "sensor_msgs/msg/Imu", QOS_BE)
         c.sync()
-        w = e2e_proc([sys.executable, os.path.join(HERE, "imu_writer.py"), str(E2E_DOMAIN),
-                      "/imu", "1000", str(COUNT)])
+        w = e2e_proc([sys.executable, "-m", "tests.support.dds_writer", str(E2E_DOMAIN),
+                      "/imu", "1000", str(COUNT), "imu"])
         procs.append(w)
         size = int(w.wait_line(r"writing (\d+) bytes", 30).group(1))
         t0, b0 = time.monotonic(), cable.moved[1]

@@ -3,7 +3,7 @@
 at a time; connections per address; a refused client's ERROR; SIGTERM under load.
 
 The heavy case drives the ROS side with the real companion (`python -m ros_side --backend dds`)
-over the UDP link and a plain cyclonedds writer process (tests/fairness/dds_writer.py), DDS
+over the UDP link and a plain cyclonedds writer process (tests/support/dds_writer.py), DDS
 confined to loopback with this run's domain and discovery tag (tests/e2e/helpers.py).
 """
 
@@ -204,8 +204,8 @@ def test_an_honest_client_keeps_its_messages_and_pings_beside_a_stalled_and_a_fl
 
     def write(tag: str, count: int) -> None:
         # (the writer process's start-up, DDS discovery included, is not part of the phase)
-        w = e2e_proc([sys.executable, os.path.join(HERE, "dds_writer.py"), str(E2E_DOMAIN),
-                      "/fast", tag, "1000", "1000", str(count)])
+        w = e2e_proc([sys.executable, "-m", "tests.support.dds_writer", str(E2E_DOMAIN),
+                      "/fast", "1000", str(count), "string", tag, "1000"])
         procs.append(w)
         w.wait_line(r"writing", 30)
         honest.phase = tag
