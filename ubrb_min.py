@@ -2419,6 +2419,11 @@ LINK_SERIAL_FRAME = const(1088)     # serial frame cap: a 1 KiB message and its 
                              # (95 ms at 115200 baud)
 LINK_MAX_MESSAGE = const((1 << 23) - 64)  # largest message any link session carries (lengths < 2**24)
 LINK_PACE_MS = const(60)            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
+# Bytes of reliable frames a receiver lets be in flight towards it (window x max_frame): a UDP
+# socket's default receive queue (Linux: 212992 B of kernel accounting, ~2x each datagram) holds
+# only 12 datagrams of 8 KiB, so 16 frames at --link-mtu 8192 had the kernel drop the tail of
+# every window, unseen, and go-back-N resend the same overflowing burst (30k -> 500 msg/s).
+LINK_WINDOW_BYTES = const(64 * 1024)
 
 
 def parse_link_url(url):
@@ -2470,7 +2475,10 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
     mm = min(max_message, LINK_MAX_MESSAGE)
     frame = mtu if datagram else LINK_SERIAL_FRAME
     # UDP on a LAN sustains a wider window; a serial line or a board's small rx queues do not.
+    # Big frames take fewer: a window must fit the receive queue (LINK_WINDOW_BYTES).
     window = 16 if datagram and mm > 4 * _KIB else 8
+    if window * frame > LINK_WINDOW_BYTES:
+        window = LINK_WINDOW_BYTES // frame if frame < LINK_WINDOW_BYTES else 1
     rel = max(8 * _KIB, 2 * mm, min(4 * mm, 256 * _KIB))
     be = max(4 * _KIB, mm + 6 + _LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
     total = frame + (0 if datagram else 2 * frame) + 2 * (mm + _LK_RHDR_MAX) + rel + be
