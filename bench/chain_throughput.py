@@ -11,6 +11,7 @@ delivered/s, lost, duplicates, order. In the same run, for comparison:
 Issue 12's goal: 0 lost, sustained >= 0.5x the bare DDS path.
 
     .venv/bin/python bench/chain_throughput.py [--count 20000] [--clients 5] [--per-client 4000]
+        [--link-mtu 1400,8192]
 
 Needs socat (Debian: apt-get install socat; CI needs the same); without it that row is skipped
 and says so. Bounded: every phase has a deadline (--timeout).
@@ -197,7 +198,11 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--per-client", type=int, default=4000, help="messages per parallel client")
     ap.add_argument("--size", type=int, default=1024, help="CDR bytes per message (1024)")
     ap.add_argument("--timeout", type=float, default=60.0, help="deadline of each phase, s")
+    ap.add_argument("--link-mtu", default=str(1400),
+                    help="comma-separated --link-mtu values, each a chain of its own on both "
+                         "ends, in this run (e.g. 1400,8192)")
     a = ap.parse_args(argv)
+    mtus = [int(m) for m in a.link_mtu.split(",") if m.strip()]
 
     print("chain throughput, reliable %d B std_msgs/String, DDS domain %d (loopback only)"
           % (a.size, K.DOMAIN))
@@ -205,20 +210,28 @@ def main(argv: List[str] | None = None) -> int:
     print("  bare cyclonedds writer -> reader    %s" % fmt(bare))
     relay = run_socat(a.count, a.size, a.timeout)
     print("  socat TCP byte relay (same bytes)   %s" % fmt(relay))
-    chain = K.Chain()
-    try:
-        one = run_chain(chain, "/bench/one", 1, a.count, a.size, a.timeout)
-        print("  chain, 1 client x %-6d            %s" % (a.count, fmt(one)))
-        if a.clients:
-            many = run_chain(chain, "/bench/many", a.clients, a.per_client, a.size, a.timeout)
-            print("  chain, %d clients x %-6d          %s" % (a.clients, a.per_client, fmt(many)))
-    finally:
-        out = chain.close()
-    lc = K.last_counters(out)
-    if lc:
-        print("  gateway link counters: " + ", ".join(
-            "%s=%s" % (k, lc[k]) for k in ("tx_frames", "retx", "timeouts", "fast_retx",
-                                          "drop_rel_full", "drop_be") if k in lc))
+    one: Dict[str, Any] = {}
+    for mi, mtu in enumerate(mtus):
+        flags = ("--link-mtu", str(mtu))
+        print("  link MTU %d (--link-mtu on both ends)" % mtu)
+        chain = K.Chain(gateway_args=flags, companion_args=flags)
+        try:
+            r = run_chain(chain, "/bench/one%d" % mtu, 1, a.count, a.size, a.timeout)
+            print("  chain, 1 client x %-6d            %s" % (a.count, fmt(r)))
+            if mi == 0:
+                one = r                   # the first MTU's figure is compared with bare DDS
+            if a.clients:
+                many = run_chain(chain, "/bench/many%d" % mtu, a.clients, a.per_client, a.size,
+                                 a.timeout)
+                print("  chain, %d clients x %-6d          %s" % (a.clients, a.per_client,
+                                                               fmt(many)))
+        finally:
+            out = chain.close()
+        lc = K.last_counters(out)
+        if lc:
+            print("  gateway link counters: " + ", ".join(
+                "%s=%s" % (k, lc[k]) for k in ("tx_frames", "retx", "timeouts", "fast_retx",
+                                              "drop_rel_full", "drop_be") if k in lc))
     if bare.get("per_s"):
         ratio = one.get("per_s", 0) / bare["per_s"]
         met = ratio >= 0.5 and one.get("lost", 1) == 0
