@@ -33,6 +33,7 @@ log = logging.getLogger("ubrb.link")
 REOPEN_MS = 500
 AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames per 10 s
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
+RCVBUF = 4 * L.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
 
 
 def new_epoch() -> int:
@@ -63,6 +64,14 @@ class UdpTransport:
             self.sock.bind(addr)  # no SO_REUSEADDR: a second companion on the port must fail
             self.peer = None
         self.sock.setblocking(False)
+        # Headroom in the receive queue for best-effort frames interleaved with a full window
+        # of reliable ones (which ubrb_min.link_sizes fits into a default queue): what the kernel
+        # cannot queue it drops unseen. Capped by net.core.rmem_max; best effort.
+        try:
+            if self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < RCVBUF:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        except OSError:
+            pass
         self.last_addr: Any = None
         self.candidate: Any = None  # where an unverified HELLO came from: HELLOs answer there too
         self.c_foreign = 0
