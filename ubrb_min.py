@@ -477,7 +477,10 @@ class FrameDecoder:
         p = self.pos
         avail = self.fill - p
         if avail < HDR:
-            self._compact(HDR)
+            if avail == 0:  # all read (the common case; _compact's first branch, without a call)
+                self.pos = self.fill = 0
+            else:
+                self._compact(HDR)
             return NEED_MORE
         if b[p] != 0x55 or b[p + 1] != 0x42 or b[p + 2] != 0x52 or b[p + 3] != 0x42:
             self.error = "bad magic"
@@ -1244,8 +1247,8 @@ class Gateway:
         self.now = now
         c = self.clients[ci]
         d = c.decoder
-        d.commit(n)
         if n:
+            d.fill += n  # (FrameDecoder.commit, inline: this runs per read)
             c.last_rx_ms = now
             if c.rx_start_ms < 0:
                 c.rx_start_ms = now
