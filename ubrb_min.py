@@ -1407,33 +1407,16 @@ class Gateway:
 
     # -- frames from a client ------------------------------------------------------------------
     def _on_publish(self, c, buf, off, n):
-        """Relay one PUBLISH (it is counted as read), or return True when it is reliable and must
-        wait for room on the ROS side (backpressure: it is not read yet): there is none, or other
-        clients are already waiting (they go first: fair shares of the link). Anything refused
-        or dropped never waits. One publisher lookup serves both decisions."""
-        if c.state != S_READY:
-            self._count_in(c)
-            self._error(c, None, "hello_required", "PUBLISH before HELLO")
-            return False
-        if n < 4:
-            self._count_in(c)
-            self._error(c, None, "protocol_error", "PUBLISH payload shorter than its 4-byte id")
-            return False
-        if buf[off + 3] >= 0x40:  # ids >= 2**30 are never advertised (see _parse_id)
-            i = -1
-        else:
-            i = c.find_pub(get_u32(buf, off))
-        if i < 0:
-            self._count_in(c)
-            c.dropped += 1
-            pid = get_u32(buf, off) if buf[off + 3] < 0x40 else -1
-            if c.should_report("unknown_id", pid, self.now):
-                self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
-            return False
-        slot = c.pub_slot[i]
-        reliable = self.pubs.reliable[slot]
+        """Relay one PUBLISH (it is then counted as read), or return True when it is reliable
+        and must wait for room on the ROS side (backpressure: it is not read yet): there is
+        none, or other clients are already waiting (they go first: fair shares of the link).
+        Anything refused or dropped below never waits. One publisher lookup serves both."""
+        i = -1
+        if c.state == S_READY and n >= 4 and buf[off + 3] < 0x40:  # ids >= 2**30: never
+            i = c.find_pub(get_u32(buf, off))                      # advertised (_parse_id)
         room = self.ros_room
-        if reliable and room is not None and self.ros_ready and n - 4 <= self.ros_max_message:
+        if i >= 0 and room is not None and self.pubs.reliable[c.pub_slot[i]] and \
+                self.ros_ready and n - 4 <= self.ros_max_message:
             if self.pass_ci == c.index:  # its turn (see _resume)
                 if not room(n - 4):
                     return True
@@ -1443,7 +1426,20 @@ class Gateway:
         c.rx_frames += 1
         stats = self.stats
         stats["frames_in"] += 1
+        if c.state != S_READY:
+            self._error(c, None, "hello_required", "PUBLISH before HELLO")
+            return False
+        if n < 4:
+            self._error(c, None, "protocol_error", "PUBLISH payload shorter than its 4-byte id")
+            return False
+        if i < 0:
+            c.dropped += 1
+            pid = get_u32(buf, off) if buf[off + 3] < 0x40 else -1
+            if c.should_report("unknown_id", pid, self.now):
+                self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
+            return False
         stats["publish_in"] += 1
+        slot = c.pub_slot[i]
         if not self.ros_ready:
             stats["dropped_no_ros"] += 1
             c.dropped += 1
@@ -1461,13 +1457,9 @@ class Gateway:
                 )
             return False
         self.publishing = c.index
-        self.ros.publish(slot, buf, off + 4, n - 4, reliable)
+        self.ros.publish(slot, buf, off + 4, n - 4, self.pubs.reliable[slot])
         self.publishing = -1
         return False
-
-    def _count_in(self, c):
-        c.rx_frames += 1
-        self.stats["frames_in"] += 1
 
     def _on_control(self, c, op, buf, off, n):
         if op == OP_HELLO:
