@@ -312,7 +312,10 @@ def put_header(b, o, op, n):
     b[o + 5] = op
     b[o + 6] = 0
     b[o + 7] = 0
-    put_u32(b, o + 8, n)
+    b[o + 8] = n & 0xFF  # (put_u32, inline: one call fewer per relayed frame)
+    b[o + 9] = (n >> 8) & 0xFF
+    b[o + 10] = (n >> 16) & 0xFF
+    b[o + 11] = (n >> 24) & 0xFF
 
 
 if IS_MICROPYTHON:
@@ -474,7 +477,10 @@ class FrameDecoder:
         p = self.pos
         avail = self.fill - p
         if avail < HDR:
-            self._compact(HDR)
+            if avail == 0:  # all read (the common case; _compact's first branch, without a call)
+                self.pos = self.fill = 0
+            else:
+                self._compact(HDR)
             return NEED_MORE
         if b[p] != 0x55 or b[p + 1] != 0x42 or b[p + 2] != 0x52 or b[p + 3] != 0x42:
             self.error = "bad magic"
@@ -547,7 +553,7 @@ class FrameRing:
 
     def reserve(self, size):
         """Where a frame of `size` bytes may be written now (then `wrote(size)`), or -1."""
-        if self.pend == 0:
+        if self.pend == 0 and self.tail != self.lo:  # (sent() already cleared a drained ring)
             self.clear()
         t = self.tail
         if self.wrap >= 0:
@@ -1241,8 +1247,8 @@ class Gateway:
         self.now = now
         c = self.clients[ci]
         d = c.decoder
-        d.commit(n)
         if n:
+            d.fill += n  # (FrameDecoder.commit, inline: this runs per read)
             c.last_rx_ms = now
             if c.rx_start_ms < 0:
                 c.rx_start_ms = now
@@ -1264,18 +1270,16 @@ class Gateway:
                 self._error(c, None, "protocol_error", d.error)
                 self._close(c, "malformed frame: " + d.error)
                 return
-            if op == OP_PUBLISH and self.ros_room is not None and \
-                    self._must_wait(c, d.buf, d.poff, d.plen):
-                d.hold()  # stays in the decoder; the socket is not read until _resume
-                if not c.blocked:
-                    c.blocked = True
-                    self.n_blocked += 1
-                return
-            c.rx_frames += 1
-            self.stats["frames_in"] += 1
             if op == OP_PUBLISH:
-                self._on_publish(c, d.buf, d.poff, d.plen)
+                if self._on_publish(c, d.buf, d.poff, d.plen):
+                    d.hold()  # stays in the decoder; the socket is not read until _resume
+                    if not c.blocked:
+                        c.blocked = True
+                        self.n_blocked += 1
+                    return
             else:
+                c.rx_frames += 1
+                self.stats["frames_in"] += 1
                 self._on_control(c, op, d.buf, d.poff, d.plen)
 
     def closed(self, ci, reason=""):
@@ -1375,23 +1379,6 @@ class Gateway:
         return max(0, t)
 
     # -- backpressure ----------------------------------------------------------------------------
-    def _must_wait(self, c, buf, off, n):
-        """True when this PUBLISH is reliable and must wait for room on the ROS side: there is
-        none, or other clients are already waiting (they go first: fair shares of the link).
-        Anything _on_publish would refuse or drop anyway does not wait."""
-        if c.state != S_READY or n < 4 or not self.ros_ready or buf[off + 3] >= 0x40 or \
-                n - 4 > self.ros_max_message:
-            return False
-        i = c.find_pub(get_u32(buf, off))
-        if i < 0 or not self.pubs.reliable[c.pub_slot[i]]:
-            return False
-        if self.pass_ci == c.index:  # its turn (see _resume)
-            if self.ros_room(n - 4):
-                self.pass_ci = -1
-                return False
-            return True
-        return self.n_blocked > 0 or not self.ros_room(n - 4)
-
     def _resume(self, now):
         """Hand the room freed on the ROS side to waiting clients, one held frame each in turn,
         until the next in line does not fit (it keeps its turn). A client with nothing more
@@ -1420,28 +1407,43 @@ class Gateway:
 
     # -- frames from a client ------------------------------------------------------------------
     def _on_publish(self, c, buf, off, n):
+        """Relay one PUBLISH (it is then counted as read), or return True when it is reliable
+        and must wait for room on the ROS side (backpressure: it is not read yet): there is
+        none, or other clients are already waiting (they go first: fair shares of the link).
+        Anything refused or dropped below never waits. One publisher lookup serves both."""
+        i = -1
+        if c.state == S_READY and n >= 4 and buf[off + 3] < 0x40:  # ids >= 2**30: never
+            i = c.find_pub(get_u32(buf, off))                      # advertised (_parse_id)
+        room = self.ros_room
+        if i >= 0 and room is not None and self.pubs.reliable[c.pub_slot[i]] and \
+                self.ros_ready and n - 4 <= self.ros_max_message:
+            if self.pass_ci == c.index:  # its turn (see _resume)
+                if not room(n - 4):
+                    return True
+                self.pass_ci = -1
+            elif self.n_blocked > 0 or not room(n - 4):
+                return True
+        c.rx_frames += 1
+        stats = self.stats
+        stats["frames_in"] += 1
         if c.state != S_READY:
             self._error(c, None, "hello_required", "PUBLISH before HELLO")
-            return
+            return False
         if n < 4:
             self._error(c, None, "protocol_error", "PUBLISH payload shorter than its 4-byte id")
-            return
-        if buf[off + 3] >= 0x40:  # ids >= 2**30 are never advertised (see _parse_id)
-            i = -1
-        else:
-            i = c.find_pub(get_u32(buf, off))
+            return False
         if i < 0:
             c.dropped += 1
             pid = get_u32(buf, off) if buf[off + 3] < 0x40 else -1
             if c.should_report("unknown_id", pid, self.now):
                 self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
-            return
-        self.stats["publish_in"] += 1
+            return False
+        stats["publish_in"] += 1
         slot = c.pub_slot[i]
         if not self.ros_ready:
-            self.stats["dropped_no_ros"] += 1
+            stats["dropped_no_ros"] += 1
             c.dropped += 1
-            return
+            return False
         if n - 4 > self.ros_max_message:
             c.dropped += 1
             pid = c.pub_id[i]
@@ -1453,10 +1455,11 @@ class Gateway:
                     "message of %d bytes exceeds the %d bytes the ROS side accepts"
                     % (n - 4, self.ros_max_message),
                 )
-            return
+            return False
         self.publishing = c.index
         self.ros.publish(slot, buf, off + 4, n - 4, self.pubs.reliable[slot])
         self.publishing = -1
+        return False
 
     def _on_control(self, c, op, buf, off, n):
         if op == OP_HELLO:
@@ -1741,15 +1744,16 @@ class Gateway:
                 i = reg.next_on(c, k, slot, i + 1)
 
     def ros_message(self, slot, buf, off, n):
-        if not self.registry.holds(SUB, slot):
+        subs = self.subs  # (Registry.holds, inline: this runs per message)
+        if slot < 0 or slot >= subs.size or subs.refs[slot] <= 0:
             return
         if self.throttle is not None and not self.throttle.admit(slot, buf, off, n, self.now):
             return  # held: the newest of this period goes out when the period ends
         for c in self.clients:
-            if c.state != S_READY or not c.sub_refs[slot]:
+            left = c.sub_refs[slot]  # this client's ids on the slot: stop after the last one
+            if not left or c.state != S_READY:
                 continue
             ids = c.sub_id
-            left = c.sub_refs[slot]  # this client's ids on the slot: stop after the last one
             j = next_held(ids, c.sub_slot, slot, 0)
             while j >= 0:
                 if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n,
@@ -3736,7 +3740,7 @@ class LinkRosPort:
         return self.s.max_send()
 
     def room(self, n):
-        """Backpressure (Gateway._must_wait): can a reliable message of n bytes go now?"""
+        """Backpressure (Gateway._on_publish): can a reliable message of n bytes go now?"""
         return self.s.rel_room(n)
 
     def publish(self, slot, buf, off, n, reliable):

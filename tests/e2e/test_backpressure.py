@@ -6,7 +6,7 @@ pushes back), not in a gateway queue.
 
 Before issue 12 the gateway answered ``link_congested`` and dropped what it had already read
 (8,164 of 20,000 arrived); it now stops reading a client whose reliable PUBLISH the link
-cannot take yet (Gateway._must_wait, docs/PROTOCOL.md "Backpressure").
+cannot take yet (Gateway._on_publish, docs/PROTOCOL.md "Backpressure").
 
 The processes are driven only through their command lines (bench/chainkit.py, the same plumbing
 as the chain benches), so the tests survive a restructuring of the gateway's modules. DDS stays on
