@@ -373,17 +373,22 @@ def record_ends() -> tuple:
     comp = CheckingCompanion()
     end = LinkCompanionEnd(cs, comp)
     comp.sink = end
-    now = 1000
-    while not (gs.is_up() and cs.is_up()):
+    handshake(gs, cs)
+    return gs, cs, port, gw, end, comp
+
+
+def handshake(a, b, now=1000):
+    """Pump two link sessions into each other until both are up; the time reached (ms)."""
+    while not (a.is_up() and b.is_up()):
         now += 5
-        for x, y in ((gs, cs), (cs, gs)):
+        for x, y in ((a, b), (b, a)):
             x.tick(now)
             while True:
                 k = x.poll_tx(now)
                 if not k:
                     break
                 y.feed(x.tx_buf, 0, k, now)
-    return gs, cs, port, gw, end, comp
+    return now
 
 
 def fuzz_records(n: int, seconds: float, seed: int = 3) -> int:

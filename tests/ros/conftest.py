@@ -24,6 +24,15 @@ def test_domain():
 
 
 @pytest.fixture(scope="module")
+def dp():
+    """An independent participant (plain cyclonedds, hand-written IDL types)."""
+    from cyclonedds.domain import DomainParticipant
+    p = DomainParticipant(TEST_DOMAIN)
+    yield p
+    p.__del__()
+
+
+@pytest.fixture(scope="module")
 def dds_backend():
     from ros_side.backends.dds import DdsBackend
     b = DdsBackend(domain=TEST_DOMAIN, distro="humble")

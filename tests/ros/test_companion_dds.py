@@ -11,7 +11,6 @@ from cyclonedds._clayer import ddspy_take
 from cyclonedds.builtin import BuiltinTopicDcpsPublication
 from cyclonedds.builtin import BuiltinDataReader
 from cyclonedds.core import InstanceState
-from cyclonedds.domain import DomainParticipant
 from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
 from cyclonedds.sub import DataReader
@@ -43,14 +42,6 @@ def dqos(reliable=True, transient_local=False, depth=10):
     return Qos(Policy.Reliability.Reliable(10 ** 9) if reliable else Policy.Reliability.BestEffort,
                Policy.Durability.TransientLocal if transient_local else Policy.Durability.Volatile,
                Policy.History.KeepLast(depth))
-
-
-@pytest.fixture(scope="module")
-def dp():
-    """An independent participant (plain cyclonedds, hand-written IDL types)."""
-    p = DomainParticipant(TEST_DOMAIN)
-    yield p
-    p.__del__()
 
 
 @pytest.fixture

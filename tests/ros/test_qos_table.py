@@ -13,14 +13,12 @@ companion reports ERROR ``qos_incompatible`` naming the policy, and lists it in 
 import time
 
 import pytest
-from cyclonedds.domain import DomainParticipant
 from cyclonedds.pub import DataWriter
 from cyclonedds.qos import Policy, Qos
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from rosbags.typesys import Stores, get_typestore
 
-from ros_helpers import TEST_DOMAIN
 from ros_side import diag
 from ros_side.companion import Companion
 from tests.support import ros_idl as I
@@ -60,13 +58,6 @@ def dds_qos(q):
 def cdr(text):
     return bytes(STORE.serialize_cdr(STORE.types["std_msgs/msg/String"](data=text),
                                      "std_msgs/msg/String"))
-
-
-@pytest.fixture(scope="module")
-def dp():
-    p = DomainParticipant(TEST_DOMAIN)
-    yield p
-    p.__del__()
 
 
 @pytest.fixture
