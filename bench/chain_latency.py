@@ -80,7 +80,7 @@ def ping_run(chain: K.Chain, tag: str, count: int, rate: float) -> Dict[str, Any
         time.sleep(0.3)
         c.messages.clear()
         sent: Dict[int, float] = {}
-        line0 = list(chain.line.sent) if chain.line else [0, 0]
+        line0 = list(chain.line.moved) if chain.line else [0, 0]
         if chain.line:
             for sn in chain.line.sniff:
                 sn.reset()
@@ -94,7 +94,7 @@ def ping_run(chain: K.Chain, tag: str, count: int, rate: float) -> Dict[str, Any
             c.publish(1, K.string_cdr(b"p%06d" % i))
             t_next += period
         K.wait_for(lambda: len(c.messages.get(2, [])) >= count, 5.0)
-        line1 = list(chain.line.sent) if chain.line else [0, 0]
+        line1 = list(chain.line.moved) if chain.line else [0, 0]
         rtt: List[float] = []
         late: List[int] = []
         for t, cdr in c.messages.get(2, []):

@@ -12,8 +12,9 @@ loopback Cyclone configuration of shared/design/ROS-NOTES.md plus a discovery ta
 process (participants of other runs cannot match ours), set as ``CYCLONEDDS_URI`` before any
 participant exists.
 
-A serial link is two pty pairs joined by ``PacedLine``: a proxy that moves bytes between the two
-masters at baud/10 bytes per second in each direction (8N1, like a UART) and counts them.
+A serial link is two pty pairs joined by ``PacedLine`` (tools/ptyline.py): a relay that moves
+bytes between the two masters at baud/10 bytes per second in each direction (8N1, like a UART),
+counts them and sorts them into link frames.
 
 Also runnable: ``python bench/chainkit.py dds-writer ...`` is the bare cyclonedds-python writer
 the throughput bench compares the chain with (a separate process, like the companion).
@@ -24,21 +25,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import tty
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tools.ptyline import PtyLine  # noqa: E402
 from ubrb_client import frames as F  # noqa: E402
 
 LOOPBACK_XML = (
@@ -194,21 +193,6 @@ class Proc:
 
 
 # -- a serial line: two pty pairs joined by a pacing, counting proxy ------------------------------
-class _Pty:
-    def __init__(self, path: str) -> None:
-        self.master, self.slave = os.openpty()
-        tty.setraw(self.master)
-        tty.setraw(self.slave)
-        os.set_blocking(self.master, False)
-        self.path = path
-        os.symlink(os.ttyname(self.slave), path)
-
-    def close(self) -> None:
-        for fd in (self.master, self.slave):
-            os.close(fd)
-        os.unlink(self.path)
-
-
 LINK_KINDS = {1: "hello", 2: "reliable", 3: "best_effort", 4: "ack", 5: "be_fragment"}
 
 
@@ -257,76 +241,16 @@ class FrameSniffer:
                          for k in sorted(self.frames))
 
 
-class PacedLine:
-    """gateway <-> slave A | master A <-proxy-> master B | slave B <-> companion.
-
-    The proxy moves at most baud/10 bytes per second in each direction, so the line has a real
-    rate whatever the ends do, and counts the bytes it delivered each way (``sent[0]``: gateway
-    -> companion). Credit does not pile up while the line is idle (at most one 0.5 ms tick of
-    bytes): like a UART, a frame is never delivered faster than the baud rate allows; while
-    bytes wait, a late tick (a loaded machine) catches up, so the proxy does not slow the line."""
+class PacedLine(PtyLine):
+    """A serial line at ``baud`` (tools/ptyline.PtyLine: the relay is the line's rate) with a
+    frame census of each direction: ``moved[0]`` / ``sniff[0]`` are gateway -> companion."""
 
     def __init__(self, baud: int = 115200) -> None:
-        self.rate = baud / 10.0
-        self.burst = max(1.0, self.rate * 0.0005)
-        self.dir = tempfile.mkdtemp(prefix="ubrb-bench-")
-        self.a = _Pty(os.path.join(self.dir, "gw"))
-        self.b = _Pty(os.path.join(self.dir, "comp"))
-        self.sent = [0, 0]
-        self.sniff = [FrameSniffer(), FrameSniffer()]   # [0]: gateway -> companion
-        self._stop = False
-        self.t = threading.Thread(target=self._run, daemon=True, name="paced-line")
-        self.t.start()
+        self.sniff = [FrameSniffer(), FrameSniffer()]
+        super().__init__(baud, "ubrb-bench-", self._census)
 
-    def url(self, which: str) -> str:
-        return "serial:" + (self.a.path if which == "gw" else self.b.path)
-
-    def _run(self) -> None:
-        src = [self.a.master, self.b.master]
-        pend = [bytearray(), bytearray()]      # [0]: gateway -> companion
-        credit = [0.0, 0.0]
-        last = time.monotonic()
-        while not self._stop:
-            rl = [src[d] for d in (0, 1) if len(pend[d]) < 65536]
-            wait = 0.0005 if (pend[0] or pend[1]) else 0.05
-            r, _, _ = select.select(rl, [], [], wait)
-            now = time.monotonic()
-            for d in (0, 1):
-                # credit for the time just past: while bytes waited, the line was busy all the
-                # time, so a late tick (a loaded machine) catches up, up to 20 ms; idle, no
-                # credit piles up (a UART cannot send bytes before it has them)
-                cap = self.rate * 0.02 if pend[d] else self.burst
-                credit[d] = min(credit[d] + (now - last) * self.rate, cap)
-            last = now
-            for d in (0, 1):
-                if src[d] in r:
-                    try:
-                        pend[d] += os.read(src[d], 65536)
-                    except (BlockingIOError, InterruptedError):
-                        pass
-                    except OSError:          # EIO while no one has the slave open
-                        time.sleep(0.01)
-            for d in (0, 1):
-                k = min(int(credit[d]), len(pend[d]))
-                if k <= 0:
-                    continue
-                try:
-                    k = os.write(src[1 - d], pend[d][:k])
-                except (BlockingIOError, InterruptedError):
-                    k = 0
-                except OSError:
-                    k = 0
-                self.sniff[d].feed(pend[d], k, now)
-                del pend[d][:k]
-                credit[d] -= k
-                self.sent[d] += k
-
-    def close(self) -> None:
-        self._stop = True
-        self.t.join(5)
-        self.a.close()
-        self.b.close()
-        os.rmdir(self.dir)
+    def _census(self, d: int, data: bytes, now: float) -> None:
+        self.sniff[d].feed(data, len(data), now)
 
 
 # -- the chain: gateway + link + companion, all as processes ---------------------------------------

@@ -74,11 +74,11 @@ def measure(chain: K.Chain, tag: str, size: int, qos: dict, offer: float, warmup
         time.sleep(warmup)
         for sn in chain.line.sniff:
             sn.reset()
-        n0, w0, t0 = col.bytes, chain.line.sent[0], time.monotonic()
-        back0 = chain.line.sent[1]
+        n0, w0, t0 = col.bytes, chain.line.moved[0], time.monotonic()
+        back0 = chain.line.moved[1]
         time.sleep(window)
-        n1, w1, t1 = col.bytes, chain.line.sent[0], time.monotonic()
-        back1 = chain.line.sent[1]
+        n1, w1, t1 = col.bytes, chain.line.moved[0], time.monotonic()
+        back1 = chain.line.moved[1]
         census = chain.line.sniff[0].summary()
         stop[0] = True
         th.join(5)

@@ -41,13 +41,13 @@ def run(baud: int, throttle_hz: int, size: int, seconds: float) -> Dict[str, Any
             raise RuntimeError("the companion's reader never matched the writer")
         time.sleep(0.5)
         n = int(seconds * 1000)
-        b0, t0 = chain.line.sent[1], time.monotonic()
+        b0, t0 = chain.line.moved[1], time.monotonic()
         for i in range(n):
             ahead = t0 + i / 1000.0 - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
             K.write_raw(w, K.tagged_cdr(0, i, size))
-        t1, b1 = time.monotonic(), chain.line.sent[1]
+        t1, b1 = time.monotonic(), chain.line.moved[1]
         time.sleep(0.5)                                  # the last period's message, the line
         got = [K.tag_of(cdr)[1] for _, cdr in c.messages.get(1, [])]
         return {"line_Bps": (b1 - b0) / (t1 - t0), "client_hz": len(got) / (t1 - t0),

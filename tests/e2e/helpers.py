@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import socket
 import sys
 import threading
@@ -39,7 +38,7 @@ from ubrb_host.loop import GatewayServer, mapped_buffer
 from tests.support.dds import LOOPBACK_XML, confine_this_process
 from tests.support.loopback_ports import free_port
 from tests.support.procs import Proc, child_env, wait_for
-from tests.support.ptys import PtyCable
+from tools.ptyline import PtyLine
 from tests.support.raw_client import RawClient
 
 confine_this_process()   # before any cyclonedds domain exists in this process
@@ -71,62 +70,6 @@ def direct_argv(*extra: str) -> List[str]:
             "--listen", "127.0.0.1:0", *extra]
 
 
-# -- the serial link: two pty pairs joined by a relay ----------------------------------------------
-class PtyRelay(PtyCable):
-    """gateway <-> slave A | master A <-relay-> master B | slave B <-> companion.
-
-    The slaves are reached through stable symlinks (``url("gw")``, ``url("comp")``), so a
-    restarted companion opens the same path. The relay does not throttle; the link drivers pace
-    their writes to the baud rate themselves."""
-
-    def __init__(self) -> None:
-        super().__init__("ubrb-e2e-")
-        self.moved = [0, 0]
-        self.blackhole = False      # True: bytes are read and dropped (a cut cable)
-        self._stop_r, self._stop_w = os.pipe()
-        self.t = threading.Thread(target=self._run, daemon=True, name="pty-relay")
-        self.t.start()
-
-    def _run(self) -> None:
-        ma, mb = self.a.master, self.b.master
-        other = {ma: mb, mb: ma}
-        pend = {ma: bytearray(), mb: bytearray()}   # bytes waiting to be written to that master
-        while True:
-            rl = [self._stop_r] + [fd for fd in (ma, mb) if len(pend[other[fd]]) < (1 << 20)]
-            wl = [fd for fd in (ma, mb) if pend[fd]]
-            r, w, _ = select.select(rl, wl, [], 0.5)
-            if self._stop_r in r:
-                return
-            for fd in r:
-                try:
-                    data = os.read(fd, 65536)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:      # EIO while no one has the slave open
-                    time.sleep(0.01)
-                    continue
-                if self.blackhole:
-                    continue
-                pend[other[fd]] += data
-                self.moved[0 if fd == ma else 1] += len(data)
-            for fd in w:
-                try:
-                    n = os.write(fd, pend[fd])
-                except (BlockingIOError, InterruptedError):
-                    n = 0
-                except OSError:
-                    n = 0
-                    time.sleep(0.01)
-                del pend[fd][:n]
-
-    def close(self) -> None:
-        os.write(self._stop_w, b"x")
-        self.t.join(5)
-        for fd in (self._stop_r, self._stop_w):
-            os.close(fd)
-        super().close()
-
-
 # -- bridges ------------------------------------------------------------------------------------
 class Bridge:
     mode = "?"
@@ -154,7 +97,7 @@ class LinkBridge(Bridge):
         self.companion_python = companion_python
         self.backend = backend
         self.companion_env = companion_env
-        self.relay: Optional[PtyRelay] = None
+        self.relay: Optional[PtyLine] = None
         self.comp: Optional[Proc] = None
         self.server: Optional[GatewayServer] = None
         self.thread: Optional[threading.Thread] = None
@@ -171,7 +114,7 @@ class LinkBridge(Bridge):
             self.comp_url = "udp://127.0.0.1:%d" % cport
             gw_url = self.comp_url
         else:
-            self.relay = PtyRelay()
+            self.relay = PtyLine(None, "ubrb-e2e-")  # the link drivers pace their writes themselves
             self.comp_url = self.relay.url("comp")
             gw_url = self.relay.url("gw")
         self.start_companion()

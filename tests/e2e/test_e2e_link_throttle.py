@@ -1,6 +1,6 @@
 """--throttle spares the link, through real processes: `python ubrb_min.py` (the gateway) and
 `python -m ros_side` (the companion) joined by a serial link on two ptys with a real line rate
-(tests.support.ptys.PacedPtyCable), a plain cyclonedds writer publishing sensor_msgs/Imu at
+(tools.ptyline.PtyLine at the line's baud), a plain cyclonedds writer publishing sensor_msgs/Imu at
 1 kHz, a UBRB client subscribed to it.
 
 The gateway's SUB link record carries the throttle period (docs/LINK.md, "period_ms"), so the
@@ -23,7 +23,7 @@ from typing import Any, Dict, List
 
 from tests.e2e.helpers import E2E_DOMAIN, Client, companion_argv, e2e_proc
 from tests.support.procs import ROOT, Proc
-from tests.support.ptys import PacedPtyCable
+from tools.ptyline import PtyLine
 from tests.support.qos import QOS_BE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,7 +34,7 @@ COUNT = 3000                   # 3 s at 1 kHz
 
 def chain(*gateway_flags: str) -> Dict[str, Any]:
     """One run of the whole chain; what crossed the line and what the client got."""
-    cable = PacedPtyCable(BAUD)
+    cable = PtyLine(BAUD)
     procs: List[Proc] = []
     c = None
     try:

@@ -14,7 +14,7 @@ import ubrb_min as L
 from ros_side.link_end import LinkCompanionEnd
 from ubrb_host import link as host_link
 from tests.support.clock import VirtualClock
-from tests.support.ptys import PtyCable
+from tools.ptyline import PtyCable
 
 
 def payload(i: int, size: int) -> bytes:

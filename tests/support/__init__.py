@@ -9,11 +9,11 @@
 - ``loopback_ports``: a free port on 127.0.0.1 (not ``ports``: that is the gateway's ports package).
 - ``procs``: a subprocess with its output collected line by line, the environment of child
   processes (DDS confined to loopback), ``wait_for`` polling.
-- ``ptys``: pseudo-terminal pairs reachable by a stable symlink (a "replugable" serial device).
 - ``dds``: DDS confined to loopback for this process.
 - ``ros_idl``: hand-written IDL types of a few ROS messages, for an independent DDS participant.
 
 ``qos``, ``ubrb_frames`` and ``clock`` are also imported by tests/core under real MicroPython
 (tests/mp/run.mjs copies this directory): keep them free of typing, pytest and CPython-only
-modules. Benchmarks (bench/) import nothing from here.
+modules. Benchmarks (bench/) import nothing from here; the serial line both use (real pty pairs
+joined by a relay, optionally at a baud rate) is ``tools/ptyline.py``.
 """
