@@ -11,7 +11,8 @@ Requests (answered by ``{"re": seq}``): ``advertise``/``subscribe`` {slot, topic
 probe: DDS discovery is not symmetric in time, so a test that publishes once waits until both
 ends have matched). ``acked`` {slot, within} -> {"acked": bool}: the publisher of that slot waited
 until every matched reliable reader acknowledged all its samples (test probe, see
-``test_one_mib_image_both_ways``). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
+``test_one_mib_image_both_ways``). ``guids`` {pub, sub} -> {"pub": HEX, "sub": HEX}: the DDS GUIDs
+of the writer of pub slot ``pub`` and the reader of sub slot ``sub`` (dds backend). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
 The loop polls the companion every 10 ms and whenever its wake pipe is readable.
 """
 
@@ -95,6 +96,11 @@ def main():
                     continue
                 elif op == "acked":
                     out({"re": req["seq"], "acked": acked(comp, req["slot"], req["within"])})
+                    continue
+                elif op == "guids":
+                    out({"re": req["seq"],
+                         "pub": comp._pub_slots[req["pub"]].handle.writer.guid.bytes.hex(),
+                         "sub": comp._sub_slots[req["sub"]].handle.reader.guid.bytes.hex()})
                     continue
                 elif op == "publish":
                     data = bytes.fromhex(req["data"])

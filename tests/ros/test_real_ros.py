@@ -12,9 +12,11 @@ built from the Kilted definitions (rosbags) with every field set, sequences of o
 compared after decoding (Fast DDS pads samples to a multiple of 4, see ROS-NOTES.md).
 """
 
+import os
 import subprocess
 import sys
 import time
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -395,10 +397,11 @@ def test_graph_shows_node_and_valid_type_hash(pair):
     """A Kilted rclpy peer sees our node ``ros_side`` with its publisher and subscription (``ros2
     node info``), and our endpoints with the ROS type hash it computes itself.
 
-    rclpy backend: ``get_publishers_info_by_topic`` names the node too. dds backend: it names
-    ``_CREATED_BY_BARE_DDS_APP_`` there, because rmw_fastrtps takes an endpoint's participant only
-    from PID_PARTICIPANT_GUID in its discovery data, which cyclonedds does not send (see
-    docs/COMPANION.md); the node-based queries match endpoints by gid and do work."""
+    rclpy backend: ``get_publishers_info_by_topic`` and ``get_subscriptions_info_by_topic`` name
+    the node too. dds backend: they name ``_CREATED_BY_BARE_DDS_APP_`` (Fast DDS 3 files every
+    Cyclone endpoint under participant gid 0; docs/COMPANION.md "Limit",
+    ``test_graph_participant_repro_pins_the_upstream_cause``), asserted so that this test fails,
+    and the note gets updated, once an upstream fix lands; the endpoint gids are our DDS GUIDs."""
     host, peer = pair
     if peer.kind != "rclpy":
         pytest.skip("the ROS graph API is rclpy's (the cyclone peer has none)")
@@ -419,9 +422,32 @@ def test_graph_shows_node_and_valid_type_hash(pair):
     own = g["subs"][0]["hash"]                    # the peer's own subscription: rclpy's hash
     assert own.startswith("RIHS01_") and g["pubs"][0]["hash"] == own
     assert g["pubs"][0]["type"] == t
+    ours_in = peer.call("graph", topic=topic_in)["subs"]     # only ours on that topic
+    assert len(ours_in) == 1, ours_in
+    named = {(e["node"], e["ns"]) for e in (g["pubs"][0], ours_in[0])}
     if host.backend == "rclpy":
-        assert (g["pubs"][0]["node"], g["pubs"][0]["ns"]) == ("ros_side", "/")
+        assert named == {("ros_side", "/")}
+    else:
+        assert named == {("_CREATED_BY_BARE_DDS_APP_", "_CREATED_BY_BARE_DDS_APP_")}
+        assert host.call("guids", pub=s, sub=s_in) == {
+            "pub": g["pubs"][0]["gid"], "sub": ours_in[0]["gid"], "re": ANY}
     peer.call("drop", id=k)
+
+
+def test_graph_participant_repro_pins_the_upstream_cause():
+    """tools/graph_participant_repro.py: a cyclonedds participant announcing its node with its
+    own GUID as gid is shown as ``_CREATED_BY_BARE_DDS_APP_`` by a Kilted rclpy node, announcing
+    gid 0 makes the node's name appear (docs/COMPANION.md, "Limit")."""
+    require_ros()
+    from ros_helpers import ROOT
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "graph_participant_repro.py"),
+                        "--domain", str(TEST_DOMAIN)], env=ros_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    infos = [ln.split(": ")[-1] for ln in r.stdout.splitlines()
+             if "get_publishers_info_by_topic" in ln]
+    assert infos == ["_CREATED_BY_BARE_DDS_APP_", "repro"], r.stdout
+    assert r.stdout.count("node repro publishes ['/repro_chatter']") == 2, r.stdout
 
 
 def test_no_rtps_socket_beyond_loopback(pair):
