@@ -97,7 +97,8 @@ def announce_and_observe(domain, zero_gid):
     # IgnoreTypeInformation: without it Cyclone cannot match rmw_fastrtps' ros_discovery_info
     # reader (a type with sequences; docs/COMPANION.md). Keep the Domain referenced: deleting it
     # would leave the participant on Cyclone's defaults (every interface, multicast).
-    config = Domain(domain, LOOPBACK_XML + "," + FASTDDS_COMPAT_XML)
+    os.environ["CYCLONEDDS_URI"] = LOOPBACK_XML + "," + FASTDDS_COMPAT_XML   # for any domain
+    config = Domain(domain, os.environ["CYCLONEDDS_URI"])
     dp = DomainParticipant(domain, qos=Qos(Policy.Userdata(data=b"enclave=/;")))
     writer = DataWriter(dp, Topic(dp, "rt" + TOPIC, String))
     latched = Qos(Policy.Reliability.Reliable(0), Policy.Durability.TransientLocal,
