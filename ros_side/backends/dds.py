@@ -257,9 +257,11 @@ class GraphAnnouncer:
     ``ros_discovery_info`` (no ``rt`` prefix; reliable, transient_local, keep_last 1): the
     participant's gid, and per node its name, namespace and the gids of its readers and writers.
     A gid is the 16-byte DDS GUID (prefix + entity id) zero-filled to ``Gid.data``'s length (16
-    from Iron on, 24 before). Without it, ``get_publishers_info_by_topic`` and ``ros2 node list``
-    show our endpoints as node ``_CREATED_BY_BARE_DDS_APP_``. The sample is written again after
-    every change (transient_local: late joiners get the last one).
+    from Iron on, 24 before). Without it, ``ros2 node list`` / ``node info`` do not know our node.
+    A Fast DDS 3 peer (Kilted) still names our endpoints ``_CREATED_BY_BARE_DDS_APP_`` in
+    ``get_publishers_info_by_topic``: it files every Cyclone endpoint under participant gid 0
+    (upstream; docs/COMPANION.md "Limit", tools/graph_participant_repro.py). The sample is
+    written again after every change (transient_local: late joiners get the last one).
     """
 
     TYPE = "rmw_dds_common/msg/ParticipantEntitiesInfo"

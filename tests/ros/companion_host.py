@@ -9,7 +9,10 @@ Requests (answered by ``{"re": seq}``): ``advertise``/``subscribe`` {slot, topic
 ``unadvertise``/``unsubscribe`` {slot}, ``publish`` {slot, data: HEX, reliable}, ``quit``.
 ``matched`` {slot} -> {"count": N}: publishers the subscription of that slot has matched (test
 probe: DDS discovery is not symmetric in time, so a test that publishes once waits until both
-ends have matched). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
+ends have matched). ``acked`` {slot, within} -> {"acked": bool}: the publisher of that slot waited
+until every matched reliable reader acknowledged all its samples (test probe, see
+``test_one_mib_image_both_ways``). ``guids`` {pub, sub} -> {"pub": HEX, "sub": HEX}: the DDS GUIDs
+of the writer of pub slot ``pub`` and the reader of sub slot ``sub`` (dds backend). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
 The loop polls the companion every 10 ms and whenever its wake pipe is readable.
 """
 
@@ -53,6 +56,15 @@ def matched(comp, slot):
     return handle.sub.get_publisher_count()             # rclpy backend (Jazzy and later)
 
 
+def acked(comp, slot, timeout):
+    handle = comp._pub_slots[slot].handle
+    if hasattr(handle, "writer"):                       # dds backend
+        from cyclonedds.util import duration
+        return bool(handle.writer.wait_for_acks(duration(seconds=timeout)))
+    from rclpy.duration import Duration                 # rclpy backend
+    return handle.pub.wait_for_all_acked(Duration(seconds=timeout))
+
+
 def now_ms():
     return int(time.monotonic() * 1000)
 
@@ -81,6 +93,14 @@ def main():
                     getattr(comp, op)(req["slot"])
                 elif op == "matched":
                     out({"re": req["seq"], "count": matched(comp, req["slot"])})
+                    continue
+                elif op == "acked":
+                    out({"re": req["seq"], "acked": acked(comp, req["slot"], req["within"])})
+                    continue
+                elif op == "guids":
+                    out({"re": req["seq"],
+                         "pub": comp._pub_slots[req["pub"]].handle.writer.guid.bytes.hex(),
+                         "sub": comp._sub_slots[req["sub"]].handle.reader.guid.bytes.hex()})
                     continue
                 elif op == "publish":
                     data = bytes.fromhex(req["data"])

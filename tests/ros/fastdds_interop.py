@@ -8,8 +8,10 @@ interop findings of docs/COMPANION.md and prints, in one run, each next to its c
   * ghost subscriptions: how long a ROS publisher keeps counting our deleted subscription — with
     GenerateKeyhash vs. without (Fast DDS ignores the dispose without a key hash);
   * the first fragmented sample a Fast DDS writer sends to a Cyclone reader: how many 1 MiB images
-    the node writes until the first arrives — right after matching vs. after a small sample and
-    a 0.5 s pause; and the same for a 60 kB image (one datagram) for comparison.
+    the node writes until the first arrives — right after matching, after a small sample and a
+    0.5 s pause, and after a small sample the Cyclone reader acknowledged (rclpy
+    wait_for_all_acked: Cyclone acknowledges only once it accepted a HEARTBEAT from the writer);
+    and a 60 kB image (one datagram) for comparison. See docs/COMPANION.md, "first large sample".
 
 Each case runs in a process of its own (a process applies one Cyclone configuration per domain).
 Loopback only (tests/ros/ros_procs.ros_env). Needs `make venv venv-ros`.
@@ -97,7 +99,9 @@ def ghost(peer: Peer, config: str, topic: str) -> str:
         b.close()
 
 
-def first_sample(peer: Peer, config: str, topic: str, primer: bool, size: int) -> str:
+def first_sample(peer: Peer, config: str, topic: str, primer: str, size: int) -> str:
+    """``primer``: "" (none), "pause" (a small image, then 0.5 s) or "acked" (a small image,
+    then until the Cyclone reader acknowledged it)."""
     b = backend(config)
     got: List[bytes] = []
     try:
@@ -108,7 +112,10 @@ def first_sample(peer: Peer, config: str, topic: str, primer: bool, size: int) -
         if primer:
             peer.call("write", id=k, data=image(16).hex())
             until(lambda: got, 5)
-            time.sleep(0.5)
+            if primer == "pause":
+                time.sleep(0.5)
+            elif not peer.call("acked", id=k, within=10)["acked"]:
+                return "the small image was never acknowledged"
         before = len(got)
         big = image(size).hex()
         for sends in range(1, 6):
@@ -130,6 +137,7 @@ CASES = [
     ("ghost subscription, without GenerateKeyhash", "ghost", "no-keyhash"),
     ("first 1 MiB image, right after matching", "big", "all"),
     ("first 1 MiB image, after a small one and 0.5 s", "big-primed", "all"),
+    ("first 1 MiB image, after a small one acknowledged", "big-acked", "all"),
     ("first 60 kB image (one datagram), right after matching", "one-datagram", "all"),
 ]
 
@@ -145,10 +153,12 @@ def run_case(case: str, cfg: str) -> str:
         if case == "ghost":
             return ghost(peer, config, "/g")
         if case == "big":
-            return first_sample(peer, config, "/f", False, 1024 * 1024)
+            return first_sample(peer, config, "/f", "", 1024 * 1024)
         if case == "big-primed":
-            return first_sample(peer, config, "/f", True, 1024 * 1024)
-        return first_sample(peer, config, "/f", False, 60000)
+            return first_sample(peer, config, "/f", "pause", 1024 * 1024)
+        if case == "big-acked":
+            return first_sample(peer, config, "/f", "acked", 1024 * 1024)
+        return first_sample(peer, config, "/f", "", 60000)
     finally:
         peer.close()
 

@@ -10,6 +10,10 @@ object a line, each answered by ``{"re": seq, ...}``):
     {"op": "write", "id": K, "data": HEX}          raw CDR (4-byte header included)
     {"op": "count", "id": K}                       matched peers of that endpoint (rclpy:
                                                    get_subscription_count / get_publisher_count)
+    {"op": "acked", "id": K, "within": S}          a ``pub``: wait until every matched reliable
+                                                   reader acknowledged all its samples (rclpy:
+                                                   wait_for_all_acked; cyclone: wait_for_acks)
+                                                   -> {"acked": bool}
     {"op": "drop", "id": K}                        delete that endpoint
     {"op": "graph", "topic": T}                    rclpy only: get_publishers_info_by_topic and
                                                    get_subscriptions_info_by_topic
@@ -90,6 +94,10 @@ class RclpyPeer:
     def count(self, k):
         kind, e = self.ents[k]
         return e.get_subscription_count() if kind == "pub" else e.get_publisher_count()
+
+    def acked(self, k, timeout):
+        from rclpy.duration import Duration
+        return self.ents[k][1].wait_for_all_acked(Duration(seconds=timeout))
 
     def drop(self, k):
         kind, e = self.ents.pop(k)
@@ -172,6 +180,10 @@ class CyclonePeer:
             return e.get_publication_matched_status().current_count
         return e.get_subscription_matched_status().current_count
 
+    def acked(self, k, timeout):
+        from cyclonedds.util import duration
+        return bool(self.ents[k][1].wait_for_acks(duration(seconds=timeout)))
+
     def drop(self, k):
         kind, e, t = self.ents.pop(k)
         e.__del__()
@@ -220,6 +232,8 @@ def main():
                     peer.write(req["id"], bytes.fromhex(req["data"]))
                 elif op == "count":
                     res["count"] = peer.count(req["id"])
+                elif op == "acked":
+                    res["acked"] = peer.acked(req["id"], req.get("within", 5.0))
                 elif op == "drop":
                     peer.drop(req["id"])
                 elif op == "graph":
