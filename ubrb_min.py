@@ -148,8 +148,10 @@ PROFILES = {
         "max_topics": 16,
         "max_payload": 2 * _KIB,
         "max_control": 512,
-        "queue_bytes": 6 * _KIB,
-        "control_reserve": 1 * _KIB,
+        # two largest MESSAGE frames (one per data ring) and a few more small ones, beside the
+        # control reserve: one largest control frame and a PONG / ERROR backlog
+        "queue_bytes": 5 * _KIB,
+        "control_reserve": 768,
         "max_throttled": 1,
         "max_clients_per_address": 0,
         "slow_client_timeout": 5,
@@ -2484,7 +2486,12 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
     window = 16 if datagram and mm > 4 * _KIB else 8
     if window * frame > LINK_WINDOW_BYTES:
         window = LINK_WINDOW_BYTES // frame if frame < LINK_WINDOW_BYTES else 1
-    rel = max(8 * _KIB, 2 * mm, min(4 * mm, 256 * _KIB))
+    # Reliable ring: up to four largest messages in flight (at most 256 KiB); for messages of
+    # 2 KiB and less (the mcu profile, a board's heap) two, beside the 1/4 control reserve.
+    if mm > 2 * _KIB:
+        rel = max(2 * mm, min(4 * mm, 256 * _KIB))
+    else:
+        rel = max(4 * _KIB, (8 * (mm + _LK_RHDR_MAX) + 2) // 3)
     be = max(4 * _KIB, mm + 6 + _LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
     total = frame + (0 if datagram else 2 * frame) + 2 * (mm + _LK_RHDR_MAX) + rel + be
     return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
