@@ -107,6 +107,14 @@ gc.collect()
 print("HEAP", gc.mem_alloc() - a)
 '''
 
+# The core's objects of an mcu gateway with a UDP link session (no port objects: the 32-bit
+# WebAssembly build has no sockets), built after gc.collect(); the caller measures around it.
+CORE_BUILD = (
+    "p = ubrb_min.make_profile('mcu')\n"
+    "s = ubrb_min.new_link_session(None, 1, True, True, p['max_payload'], max_slots=p['max_topics'])\n"
+    "g = ubrb_min.Gateway(p, ros=ubrb_min.LinkRosPort(s))\n"
+    "gc.collect()\n")
+
 # The deployed modules imported under the 32-bit WebAssembly MicroPython (npm): the code's heap.
 WASM_SCRIPT = r'''
 const fs = await import("node:fs");
@@ -114,6 +122,7 @@ const path = await import("node:path");
 const [dir, root] = process.argv.slice(1);
 const { loadMicroPython } = await import(path.join(root, "node_modules",
   "@micropython/micropython-webassembly-pyscript/micropython.mjs"));
+const BUILD = process.argv[3];
 let out = "";
 const mp = await loadMicroPython({ stdout: (s) => { out += s + "\n"; }, heapsize: 1 << 20 });
 const walk = (d, rel) => { for (const f of fs.readdirSync(d)) {
@@ -123,8 +132,8 @@ const walk = (d, rel) => { for (const f of fs.readdirSync(d)) {
 mp.FS.mkdir("/b"); walk(dir, "/b");
 mp.runPython("import gc, sys\nsys.path.insert(0, '/b')\ngc.collect()\na = gc.mem_alloc()\n" +
   "import ubrb_min\ngc.collect()\nb = gc.mem_alloc()\n" +
-  "from ports.micropython import run, loop, link\ngc.collect()\n" +
-  "print('W32', b - a, gc.mem_alloc() - b)");
+  "from ports.micropython import run, loop, link\ngc.collect()\nc = gc.mem_alloc()\n" + BUILD +
+  "print('W32', b - a, c - b, gc.mem_alloc() - c)");
 process.stdout.write(out);
 '''
 
@@ -272,12 +281,22 @@ def wasm32(folder: str) -> str:
     node = shutil.which("node")
     if node is None or not os.path.isdir(os.path.join(ROOT, "node_modules", "@micropython")):
         return "not measured (needs node and `npm ci`)"
-    r = subprocess.run([node, "--input-type=module", "-e", WASM_SCRIPT, "--", folder, ROOT],
-                       capture_output=True, text=True, timeout=120)
-    m = re.search(r"W32 (\d+) (\d+)", r.stdout)
+    r = subprocess.run([node, "--input-type=module", "-e", WASM_SCRIPT, "--", folder, ROOT,
+                        CORE_BUILD], capture_output=True, text=True, timeout=120)
+    m = re.search(r"W32 (\d+) (\d+) (\d+)", r.stdout)
     if not m:
         return "not measured: " + (r.stderr.strip().splitlines() or ["no output"])[-1][:80]
-    return "core %s, port that stays %s" % m.groups()
+    return "core %s, port that stays %s, core objects built %s" % m.groups()
+
+
+def core_build_64(folder: str) -> int:
+    """CORE_BUILD's heap under the 64-bit unix port, for comparison with the 32-bit figure."""
+    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c",
+                        "import gc, ubrb_min\ngc.collect()\na = gc.mem_alloc()\n" + CORE_BUILD
+                        + "print('B64', gc.mem_alloc() - a)"],
+                       cwd=folder, capture_output=True, text=True, timeout=60)
+    m = re.search(r"B64 (\d+)", r.stdout)
+    return int(m.group(1)) if m else -1
 
 
 def romfs_start_up(folder: str, heap: str) -> str:
@@ -353,8 +372,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  %-52s %7d" % ("the rest: module globals, names, constants",
                                whole - sum(n for _, n in rows)))
         print("  %-52s %7d" % ("the core, whole", whole))
-        print("\n32-bit MicroPython (npm WebAssembly 1.27), the same .mpy files imported: %s"
+        print("\n32-bit MicroPython (npm WebAssembly 1.27), the same .mpy files: %s"
               % wasm32(o3))
+        print("  (64-bit, this run: core %d, port that stays %d, core objects built %d)"
+              % (vals["core"], vals["port"], core_build_64(o3)))
         print("\nheap after start-up with -X heapsize=%s (the gateway's own memory line)" % args.heap)
         print("  %-34s %s" % ("deployed (-O3 .mpy)", start_up(o3, args.heap)))
         print("  %-34s %s" % ("plain mpy-cross .mpy", start_up(plain, args.heap)))

@@ -28,8 +28,8 @@ from ports.micropython.loop import GatewayLoop, parse_hostport
 START_UP_ONLY = (
     ("ubrb_min", "PROFILES LIMITS PROFILE_KEYS make_profile memory_budget throttle_bytes "
                  "format_budget POLICY_OPTIONS split_list parse_globs parse_cidrs "
-                 "parse_throttle Policy NullRosPort parse_link_key link_needs_key parse_link_url "
-                 "link_sizes new_link_session"),
+                 "parse_throttle Policy Throttle NullRosPort parse_link_key link_needs_key "
+                 "parse_link_url link_sizes new_link_session"),
     ("ports.micropython.link", "uart_id open_gateway_link"),
     ("ports.micropython.loop", "default_io parse_hostport"),
     ("ports.micropython.run", "build"),
