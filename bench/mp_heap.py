@@ -12,11 +12,12 @@ link:
     board forgets those once built, ports/micropython/run.py START_UP_ONLY), the module-level
     tables, and the rest (the module's globals, names and constants). Each part's figure is
     what importing the core costs less when that part's definitions are replaced by None
-    (compiled with mpy-cross, imported in a fresh interpreter: qstrs included);
+    (compiled with mpy-cross, imported in a fresh interpreter: qstrs included). Not additive to
+    the byte: qstr pools and maps grow in steps, so a part's figure can include a step;
   * heap used and free after start-up as the gateway prints it when started by main.py with a
     128 KiB heap (an ESP32 without PSRAM), beside the same for the layout without -O3 and for the
     modules as .py sources (compiled on the interpreter, as a board would if a .py were left);
-  * the same start-up with the modules in a ROMFS image (make deploy ROMFS=1: bytecode run in
+  * the same parts and start-up with the modules in a ROMFS image (make deploy ROMFS=1: bytecode run in
     place, from flash, on firmware built with ROMFS), in 128 KiB plus the image: under the unix
     port the image's buffer has to live in the heap, so its size is taken off "used";
   * the code's heap on a 32-bit MicroPython (the npm WebAssembly build, as ESP32 is 32-bit), if
@@ -188,10 +189,19 @@ def _first_memory_line(argv: List[str], folder: str) -> str:
     return "".join(out)
 
 
-def parts(folder: str, link: str) -> Tuple[Dict[str, int], str]:
+# Before PARTS_SCRIPT for a ROMFS layout: the image mounted at /rom as ROMFS firmware does (its
+# buffer is allocated before the first figure, so no delta includes it).
+ROMFS_MOUNT = (
+    "import vfs\nwith open(%r, 'rb') as f:\n    img = f.read()\n"
+    "vfs.mount(vfs.VfsRom(img), '/rom')\nsys.path.insert(1, '/rom')\n" % deploy.ROMFS_IMAGE)
+
+
+def parts(folder: str, link: str, romfs: bool = False) -> Tuple[Dict[str, int], str]:
+    script = PARTS_SCRIPT.replace("import gc, sys, micropython\n", "import gc, sys, micropython\n"
+                                  + (ROMFS_MOUNT if romfs else ""), 1)
     r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c",
                         "import sys; sys.argv[1:] = ['--link', %r, '--listen', '127.0.0.1:%d', "
-                        "'--log-level', 'error']; exec(%r)" % (link, deploy.free_port(), PARTS_SCRIPT)],
+                        "'--log-level', 'error']; exec(%r)" % (link, deploy.free_port(), script)],
                        cwd=folder, capture_output=True, text=True, timeout=60)
     m = re.search(r"PARTS \[(.*)\] (\d+)", r.stdout)
     if not m:
@@ -348,21 +358,30 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("  %-30s %8d %17d" % (mod + ".mpy", a, b))
         print("  %-30s %8d %17d" % ("everything the board loads", t3, tp))
         vals, qstr = parts(o3, link)
-        print("\nheap per part, deployed layout (bytes; gc.mem_alloc() deltas, 1 MiB heap)")
-        print("  %-52s %7d" % ("interpreter at start", vals["base"]))
-        print("  %-52s %7d" % ("core (ubrb_min.mpy)", vals["core"]))
-        print("  %-52s %7d" % ("port that stays (run, loop, link)", vals["port"]))
-        for mod in ("link", "loop", "run"):
-            print("  %-52s %7d" % ("  %s.mpy" % mod, vals[mod]))
-        print("  %-52s %7d" % ("gateway.py while starting (options, usage, Wi-Fi)",
-                               vals["gateway_loaded"]))
-        print("  %-52s %7d" % ("  of which kept after it is unloaded (qstrs, options)",
-                               vals["gateway_kept"]))
-        print("  %-52s %7d" % ("gateway + link session built (buffers, tables)", vals["build"]))
-        print("  %-52s %7d" % ("  the printed worst-case budget, for comparison", vals["budget"]))
-        print("  %-52s %7d" % ("start-up-only code forgotten once built (run.py)",
-                               -vals["forgotten"]))
-        print("  %-52s %7d" % ("heap used after start-up", vals["after"]))
+        rom = os.path.join(tmp, "romfs")
+        deploy.build_romfs(rom, {"link": link})
+        rvals, _ = parts(rom, link, romfs=True)
+        img = os.path.getsize(os.path.join(rom, deploy.ROMFS_IMAGE))
+        rvals["after"] -= img
+        rvals["base"] -= img
+        print("\nheap per part (bytes; gc.mem_alloc() deltas, 1 MiB heap)   .mpy files   ROMFS image")
+        for key, label in (
+                ("base", "interpreter at start"),
+                ("core", "core (ubrb_min.mpy)"),
+                ("port", "port that stays (run, loop, link)"),
+                ("link", "  link.mpy"),
+                ("loop", "  loop.mpy"),
+                ("run", "  run.mpy"),
+                ("gateway_loaded", "gateway.py while starting (options, usage, Wi-Fi)"),
+                ("gateway_kept", "  of which kept after it is unloaded (qstrs, options)"),
+                ("build", "gateway + link session built (buffers, tables)"),
+                ("budget", "  the printed worst-case budget, for comparison"),
+                ("forgotten", "start-up-only code forgotten once built (run.py)"),
+                ("after", "heap used after start-up")):
+            sign = -1 if key == "forgotten" else 1
+            print("  %-52s %7d %13d" % (label, sign * vals[key], sign * rvals[key]))
+        print("  (ROMFS: the image's %d bytes, in the heap under the unix port and in flash on a "
+              "board, are not counted)" % img)
         print("  qstr pool after start-up: %s" % qstr)
         print("  qstr headroom: %s" % qstr_headroom(o3))
         whole, rows = core_parts(tmp)
@@ -381,8 +400,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  %-34s %s" % ("plain mpy-cross .mpy", start_up(plain, args.heap)))
         print("  %-34s %s" % (".py sources on the board", start_up(src, args.heap)))
         print("  %-34s %s" % (".py sources, 1 MiB heap", start_up(src, "1m")))
-        rom = os.path.join(tmp, "romfs")
-        deploy.build_romfs(rom, {"link": link})
         print("  %-34s %s" % ("ROMFS image (code run in place)", romfs_start_up(rom, args.heap)))
     return 0
 
