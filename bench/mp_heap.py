@@ -230,32 +230,32 @@ def _variants(src: str) -> List[Tuple[str, str]]:
             for n in ast.walk(node.value if isinstance(node, ast.Assign) else node):
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                     used_at_import.add(n.id)
-    groups: Dict[str, List[int]] = {}
+    groups: Dict[str, List[Tuple[int, str]]] = {}  # label -> (index in the body, name defined)
     for i, node in enumerate(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in used_at_import:
             continue
         if isinstance(node, ast.ClassDef):
+            name = node.name
             label = "class " + node.name + (" (name forgotten once built)" if node.name in start_up else "")
         elif isinstance(node, ast.FunctionDef):
+            name = node.name
             label = ("functions, start-up only" if node.name in start_up
                      else "functions, serving")
         elif (isinstance(node, ast.Assign) and len(node.targets) == 1
               and isinstance(node.targets[0], ast.Name) and not (
                   isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "const")
               and node.targets[0].id not in used_at_import):
-            label = ("tables, start-up only" if node.targets[0].id in start_up
-                     else "tables and strings, serving")
+            name = node.targets[0].id
+            label = ("tables, start-up only" if name in start_up else "tables and strings, serving")
         else:
             continue
-        groups.setdefault(label, []).append(i)
+        groups.setdefault(label, []).append((i, name))
     out = []
-    for label, idx in groups.items():
+    for label, defs in groups.items():
         body = list(tree.body)
-        for i in idx:
-            node = body[i]
-            name = node.targets[0].id if isinstance(node, ast.Assign) else node.name
+        for i, name in defs:
             body[i] = ast.Assign(targets=[ast.Name(name, ast.Store())],
-                                 value=ast.Constant(None), lineno=node.lineno)
+                                 value=ast.Constant(None), lineno=body[i].lineno)
         out.append((label, ast.unparse(ast.fix_missing_locations(ast.Module(body, [])))))
     return out
 
