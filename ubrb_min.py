@@ -148,8 +148,10 @@ PROFILES = {
         "max_topics": 16,
         "max_payload": 2 * _KIB,
         "max_control": 512,
-        "queue_bytes": 6 * _KIB,
-        "control_reserve": 1 * _KIB,
+        # two largest MESSAGE frames (one per data ring) and a few more small ones, beside the
+        # control reserve: one largest control frame and a PONG / ERROR backlog
+        "queue_bytes": 5 * _KIB,
+        "control_reserve": 768,
         "max_throttled": 1,
         "max_clients_per_address": 0,
         "slow_client_timeout": 5,
@@ -2267,16 +2269,16 @@ _LK_RTO_MAX = const(2000)
 LK_FRAG_MS = const(2000)
 _LK_ACK_REP_MS = const(30)
 _LK_WMAX = const(32)        # largest window; frame table has 64 entries indexed by seq & 63
-LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
+_LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
-LK_MAC = const(8)          # truncated HMAC-SHA256
-LK_TAG = const(4 + LK_MAC)  # counter u32 + MAC
-LK_CTR_MAX = const(0x3FFFFF00)  # counters stay small ints on MicroPython; the session renews before
-LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
-LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
-LK_STATS_SHARE = const(200)  # stats take at most 1/200 of a paced line's time (see send_stats)
-LK_STATS_MAX_MS = const(10000)  # ... and wait for an idle link at most this long
+_LK_MAC = const(8)          # truncated HMAC-SHA256
+LK_TAG = const(4 + _LK_MAC)  # counter u32 + MAC
+_LK_CTR_MAX = const(0x3FFFFF00)  # counters stay small ints on MicroPython; the session renews before
+_LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
+_LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
+_LK_STATS_SHARE = const(200)  # stats take at most 1/200 of a paced line's time (see send_stats)
+_LK_STATS_MAX_MS = const(10000)  # ... and wait for an idle link at most this long
 LK_STATS_CHUNK = const(128)  # bytes of counters per stats record on a paced line (11 ms at 115200)
 
 # record types of the app layer (LinkRosPort <-> LinkCompanionEnd)
@@ -2295,7 +2297,7 @@ LK_STATS_SLOT = const(0xFFFF)
 LK_T_BAD = const(12)       # either direction: "I rejected your record" (docs/LINK.md section 6)
 LK_JSON_MAX = const(96 * 1024)  # longest JSON record either end parses (a registration's topic: 64 KiB)
 LK_JSON_DEPTH = const(4)   # deepest JSON nesting a record may have (ADV/SUB: 2)
-LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (small ints on MicroPython)
+_LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (small ints on MicroPython)
 LK_TEXT_MAX = const(1024)  # longest message / distro string taken from the peer
 LK_RESULT_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
                    "link_congested", "resource_exhausted")
@@ -2314,6 +2316,7 @@ def _lk_t8():
 
 
 _LK_T8 = _lk_t8()
+del _lk_t8  # run once: its code need not stay loaded on a board
 
 
 def lk_hck(b0, b1, b2):
@@ -2483,7 +2486,12 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
     window = 16 if datagram and mm > 4 * _KIB else 8
     if window * frame > LINK_WINDOW_BYTES:
         window = LINK_WINDOW_BYTES // frame if frame < LINK_WINDOW_BYTES else 1
-    rel = max(8 * _KIB, 2 * mm, min(4 * mm, 256 * _KIB))
+    # Reliable ring: up to four largest messages in flight (at most 256 KiB); for messages of
+    # 2 KiB and less (the mcu profile, a board's heap) two, beside the 1/4 control reserve.
+    if mm > 2 * _KIB:
+        rel = max(2 * mm, min(4 * mm, 256 * _KIB))
+    else:
+        rel = max(4 * _KIB, (8 * (mm + _LK_RHDR_MAX) + 2) // 3)
     be = max(4 * _KIB, mm + 6 + _LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
     total = frame + (0 if datagram else 2 * frame) + 2 * (mm + _LK_RHDR_MAX) + rel + be
     return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
@@ -2576,12 +2584,13 @@ class LinkOutput:
             self.last -= d
 
 
+# One string, split when counters() is asked (a cold path): a tuple of 36 strings costs ~2 KiB more
+# of a board's heap.
 _LK_COUNTERS = (
-    "rx_frames", "tx_frames", "rx_bytes", "tx_bytes", "crc_err", "hdr_err", "resync",
-    "noise", "retx", "timeouts", "fast_retx", "dup", "ooo", "drop_be", "drop_be_down",
-    "drop_rel_full", "drop_down", "too_large", "rel_reset_bytes", "frag_tx", "frag_rx",
-    "frag_drop", "up", "down", "new", "hello_tx", "hello_rx", "proto", "stale", "trunc",
-    "auth", "replay", "desync", "renew", "hello_ok", "hello_ignored")
+    "rx_frames tx_frames rx_bytes tx_bytes crc_err hdr_err resync noise retx timeouts "
+    "fast_retx dup ooo drop_be drop_be_down drop_rel_full drop_down too_large rel_reset_bytes "
+    "frag_tx frag_rx frag_drop up down new hello_tx hello_rx proto stale trunc auth replay "
+    "desync renew hello_ok hello_ignored")
 
 
 class LinkSession:
@@ -2744,7 +2753,7 @@ class LinkSession:
 
     def counters(self):
         d = {}
-        for k in _LK_COUNTERS:
+        for k in _LK_COUNTERS.split():
             d[k] = getattr(self, "c_" + k)
         d["is_up"] = self.state
         d["rel_queued"] = self.rel_queued
@@ -2907,8 +2916,8 @@ class LinkSession:
         b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
-                         (0 if self.state == LINK_UP else LK_HF_REPLY) |
-                         (LK_HF_KEYED if self.tag else 0))
+                         (0 if self.state == LINK_UP else _LK_HF_REPLY) |
+                         (_LK_HF_KEYED if self.tag else 0))
         self.hello_ctr += 1
         self.hello_reply = False
         self.hello_at = now + LK_HELLO_MS
@@ -2935,7 +2944,7 @@ class LinkSession:
         b[q + 2] = (c >> 16) & 0xFF
         b[q + 3] = c >> 24
         d = lk_hmac(ki, ko, self.tx_mv[0:q + 4])
-        for i in range(LK_MAC):
+        for i in range(_LK_MAC):
             b[q + 4 + i] = d[i]
 
     def _mac_ok(self, b, p, L, kind):
@@ -2955,7 +2964,7 @@ class LinkSession:
             ko = self.s_out
         d = lk_hmac(ki, ko, memoryview(b)[p:q + 4])
         x = 0
-        for i in range(LK_MAC):
+        for i in range(_LK_MAC):
             x |= d[i] ^ b[q + 4 + i]
         if x:
             self.c_auth += 1
@@ -3088,7 +3097,7 @@ class LinkSession:
 
     def tick(self, now):
         self.now = now
-        if self.tx_ctr > LK_CTR_MAX or self.rx_hi > LK_CTR_MAX:
+        if self.tx_ctr > _LK_CTR_MAX or self.rx_hi > _LK_CTR_MAX:
             self._desync(now)             # counters exhausted: a new session, new keys
         if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
@@ -3255,7 +3264,7 @@ class LinkSession:
             self.c_proto += 1       # other version, or two ends of the same role
             return
         pe, ye, pf, pm, pw, flags = struct.unpack_from("<IIHIBB", b, p + 2)
-        if (flags & LK_HF_KEYED) and not self.tag:
+        if (flags & _LK_HF_KEYED) and not self.tag:
             self.c_proto += 1       # the peer has a link key and we have none: never pair
             return
         self.c_hello_rx += 1
@@ -3295,7 +3304,7 @@ class LinkSession:
             return
         self.c_hello_ok += 1
         self.last_rx = now
-        if flags & LK_HF_REPLY:
+        if flags & _LK_HF_REPLY:
             self.hello_reply = True
         if self.state != LINK_UP:
             self.state = LINK_UP
@@ -3374,7 +3383,7 @@ class LinkSession:
             # an ack of what we never sent: a delayed frame, or the ends disagree about the stream
             if self.bad_ack_at < 0:
                 self.bad_ack_at = now
-            elif now - self.bad_ack_at >= LK_DESYNC_MS:
+            elif now - self.bad_ack_at >= _LK_DESYNC_MS:
                 self._desync(now)
             return
         self.bad_ack_at = -1
@@ -3596,10 +3605,10 @@ def link_text(d, key, max_len, required=True):
 
 
 def link_gen(d):
-    """The registration generation of a record (1 ... LK_GEN_MAX); raises ValueError."""
+    """The registration generation of a record (1 ... _LK_GEN_MAX); raises ValueError."""
     g = d.get("gen")
-    if not isinstance(g, int) or isinstance(g, bool) or g < 1 or g > LK_GEN_MAX:
-        raise ValueError("'gen' must be an integer from 1 to %d" % LK_GEN_MAX)
+    if not isinstance(g, int) or isinstance(g, bool) or g < 1 or g > _LK_GEN_MAX:
+        raise ValueError("'gen' must be an integer from 1 to %d" % _LK_GEN_MAX)
     return g
 
 
@@ -3660,7 +3669,7 @@ class LinkRosPort:
         self._log = log
         self.ratelog = RateLog(self._logger)
         self._stats = {}          # the counters the companion last got (send_stats)
-        self.stats_at = -LK_STATS_MAX_MS  # when they went (ms)
+        self.stats_at = -_LK_STATS_MAX_MS  # when they went (ms)
         self.stats_gap = 0        # line time budget: no stats before stats_at + stats_gap
         self.stats_from = 0       # where the next record starts among the counters
 
@@ -3681,7 +3690,7 @@ class LinkRosPort:
         g = self.gens.get(key)
         if g is None:                      # a new registration; else re-sent after ros_up
             g = self.next_gen
-            self.next_gen = 1 if g >= LK_GEN_MAX else g + 1
+            self.next_gen = 1 if g >= _LK_GEN_MAX else g + 1
             self.gens[key] = -g
         elif g < 0:
             g = -g
@@ -3767,15 +3776,15 @@ class LinkRosPort:
     def send_stats(self, d):
         """Offer the gateway's counters `d` for the companion's /diagnostics (ports call this
         about once a second). Only the counters that changed since the last record go, only
-        when the link has nothing else queued (or has not sent stats for LK_STATS_MAX_MS), and
-        on a paced line no more than 1/LK_STATS_SHARE of its time: a stats frame cannot be
+        when the link has nothing else queued (or has not sent stats for _LK_STATS_MAX_MS), and
+        on a paced line no more than 1/_LK_STATS_SHARE of its time: a stats frame cannot be
         interrupted, and every message behind it waits its whole line time. True when sent."""
         self._retry_releases()
         s = self.s
         now = s.now
         if now - self.stats_at < self.stats_gap:
             return False
-        if (s.rel_queued or s.be_n) and now - self.stats_at < LK_STATS_MAX_MS:
+        if (s.rel_queued or s.be_n) and now - self.stats_at < _LK_STATS_MAX_MS:
             return False
         last = self._stats
         ch = {}
@@ -3811,7 +3820,7 @@ class LinkRosPort:
         last.update(ch)
         self.stats_at = now
         n = len(b) + LK_OVH + _LK_RHDR_MAX
-        self.stats_gap = n * 1000 * LK_STATS_SHARE // s.line_bps if s.line_bps else 0
+        self.stats_gap = n * 1000 * _LK_STATS_SHARE // s.line_bps if s.line_bps else 0
         return True
 
     def rebase(self, d):

@@ -8,9 +8,20 @@ link:
     in a large heap, so the measuring script itself cannot run out): the core, the port modules
     that stay, gateway.py (start-up only: unloaded before the buffers are built; its qstrs stay),
     the gateway and link session built from the profile, and the qstr pool;
+  * the core by part: each class, the module-level functions (start-up-only ones apart: the
+    board forgets those once built, ports/micropython/run.py START_UP_ONLY), the module-level
+    tables, and the rest (the module's globals, names and constants). Each part's figure is
+    what importing the core costs less when that part's definitions are replaced by None
+    (compiled with mpy-cross, imported in a fresh interpreter: qstrs included). Not additive to
+    the byte: qstr pools and maps grow in steps, so a part's figure can include a step;
   * heap used and free after start-up as the gateway prints it when started by main.py with a
     128 KiB heap (an ESP32 without PSRAM), beside the same for the layout without -O3 and for the
-    modules as .py sources (compiled on the interpreter, as a board would if a .py were left).
+    modules as .py sources (compiled on the interpreter, as a board would if a .py were left);
+  * the same parts and start-up with the modules in a ROMFS image (make deploy ROMFS=1: bytecode run in
+    place, from flash, on firmware built with ROMFS), in 128 KiB plus the image: under the unix
+    port the image's buffer has to live in the heap, so its size is taken off "used";
+  * the code's heap on a 32-bit MicroPython (the npm WebAssembly build, as ESP32 is 32-bit), if
+    node and node_modules are there.
 
 Usage: .venv/bin/python bench/mp_heap.py [--heap 128k]
 Note: the unix port is a 64-bit build; pointers, map entries and qstr pool entries are half that
@@ -20,6 +31,7 @@ size on an ESP32, so these figures are an upper bound for a 32-bit board.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
@@ -44,7 +56,11 @@ def u():
 u()
 import ubrb_min
 u()
-from ports.micropython import run, loop, link
+from ports.micropython import link
+u()
+from ports.micropython import loop
+u()
+from ports.micropython import run
 u()
 from ports.micropython import gateway
 u()
@@ -53,6 +69,8 @@ gateway = None
 run.unload("ports.micropython.gateway")
 u()
 lp = run.build(r[0], r[1], r[2], r[3], r[4])
+u()
+run.forget_start_up()
 u()
 print("PARTS", m, r[2])
 micropython.qstr_info()
@@ -80,6 +98,46 @@ for i in range(2000):
     a = b
 '''
 
+# The core compiled with some definitions replaced by None, imported in a fresh interpreter.
+ABLATION_SCRIPT = r'''
+import gc
+gc.collect()
+a = gc.mem_alloc()
+import variant
+gc.collect()
+print("HEAP", gc.mem_alloc() - a)
+'''
+
+# The core's objects of an mcu gateway with a UDP link session (no port objects: the 32-bit
+# WebAssembly build has no sockets), built after gc.collect(); the caller measures around it.
+CORE_BUILD = (
+    "p = ubrb_min.make_profile('mcu')\n"
+    "s = ubrb_min.new_link_session(None, 1, True, True, p['max_payload'], max_slots=p['max_topics'])\n"
+    "g = ubrb_min.Gateway(p, ros=ubrb_min.LinkRosPort(s))\n"
+    "gc.collect()\n")
+
+# The deployed modules imported under the 32-bit WebAssembly MicroPython (npm): the code's heap.
+WASM_SCRIPT = r'''
+const fs = await import("node:fs");
+const path = await import("node:path");
+const [dir, root] = process.argv.slice(1);
+const { loadMicroPython } = await import(path.join(root, "node_modules",
+  "@micropython/micropython-webassembly-pyscript/micropython.mjs"));
+const BUILD = process.argv[3];
+let out = "";
+const mp = await loadMicroPython({ stdout: (s) => { out += s + "\n"; }, heapsize: 1 << 20 });
+const walk = (d, rel) => { for (const f of fs.readdirSync(d)) {
+  const p = path.join(d, f), r = rel + "/" + f;
+  if (fs.statSync(p).isDirectory()) { mp.FS.mkdir(r); walk(p, r); }
+  else if (f.endsWith(".mpy")) mp.FS.writeFile(r, fs.readFileSync(p)); } };
+mp.FS.mkdir("/b"); walk(dir, "/b");
+mp.runPython("import gc, sys\nsys.path.insert(0, '/b')\ngc.collect()\na = gc.mem_alloc()\n" +
+  "import ubrb_min\ngc.collect()\nb = gc.mem_alloc()\n" +
+  "from ports.micropython import run, loop, link\ngc.collect()\nc = gc.mem_alloc()\n" + BUILD +
+  "print('W32', b - a, c - b, gc.mem_alloc() - c)");
+process.stdout.write(out);
+'''
+
 MEMORY_LINE = re.compile(r"heap after start-up: (\d+) bytes used, (\d+) free")
 
 
@@ -105,9 +163,19 @@ def sources_layout(out: str, link: str) -> None:
 def start_up(folder: str, heap: str) -> str:
     """main.py under `heap`: the memory line (or why it did not start)."""
     port = deploy.free_port()
-    p = subprocess.Popen([micropython(), "-X", "heapsize=" + heap, "main.py", "--listen",
-                          "127.0.0.1:%d" % port, "--log-level", "info"], cwd=folder,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    text = _first_memory_line([micropython(), "-X", "heapsize=" + heap, "main.py", "--listen",
+                               "127.0.0.1:%d" % port, "--log-level", "info"], folder)
+    m = MEMORY_LINE.search(text)
+    if m:
+        return "%7d used %7d free" % (int(m.group(1)), int(m.group(2)))
+    last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
+    return "did not start: " + last[0][:90]
+
+
+def _first_memory_line(argv: List[str], folder: str) -> str:
+    """The output of a start-up until its memory line (or its end)."""
+    p = subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
     out: List[str] = []
     try:
         assert p.stdout is not None
@@ -118,27 +186,142 @@ def start_up(folder: str, heap: str) -> str:
     finally:
         p.terminate()
         p.wait(10)
-    text = "".join(out)
-    m = MEMORY_LINE.search(text)
-    if m:
-        return "%7d used %7d free" % (int(m.group(1)), int(m.group(2)))
-    last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
-    return "did not start: " + last[0][:90]
+    return "".join(out)
 
 
-def parts(folder: str, link: str) -> Tuple[Dict[str, int], str]:
+# Before PARTS_SCRIPT for a ROMFS layout: the image mounted at /rom as ROMFS firmware does (its
+# buffer is allocated before the first figure, so no delta includes it).
+ROMFS_MOUNT = (
+    "import vfs\nwith open(%r, 'rb') as f:\n    img = f.read()\n"
+    "vfs.mount(vfs.VfsRom(img), '/rom')\nsys.path.insert(1, '/rom')\n" % deploy.ROMFS_IMAGE)
+
+
+def parts(folder: str, link: str, romfs: bool = False) -> Tuple[Dict[str, int], str]:
+    script = PARTS_SCRIPT.replace("import gc, sys, micropython\n", "import gc, sys, micropython\n"
+                                  + (ROMFS_MOUNT if romfs else ""), 1)
     r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c",
                         "import sys; sys.argv[1:] = ['--link', %r, '--listen', '127.0.0.1:%d', "
-                        "'--log-level', 'error']; exec(%r)" % (link, deploy.free_port(), PARTS_SCRIPT)],
+                        "'--log-level', 'error']; exec(%r)" % (link, deploy.free_port(), script)],
                        cwd=folder, capture_output=True, text=True, timeout=60)
     m = re.search(r"PARTS \[(.*)\] (\d+)", r.stdout)
     if not m:
         raise SystemExit("bench: measuring failed:\n" + r.stdout + r.stderr)
     a = [int(x) for x in m.group(1).split(",")]
-    vals = {"base": a[0], "core": a[1] - a[0], "port": a[2] - a[1], "gateway_loaded": a[3] - a[2],
-            "gateway_kept": a[4] - a[2], "build": a[5] - a[4], "budget": int(m.group(2))}
+    vals = {"base": a[0], "core": a[1] - a[0], "link": a[2] - a[1], "loop": a[3] - a[2],
+            "run": a[4] - a[3], "port": a[4] - a[1], "gateway_loaded": a[5] - a[4],
+            "gateway_kept": a[6] - a[4], "build": a[7] - a[6], "forgotten": a[7] - a[8],
+            "after": a[8], "budget": int(m.group(2))}
     q = re.search(r"qstr pool: (.*)", r.stdout)
     return vals, q.group(1) if q else "?"
+
+
+def _variants(src: str) -> List[Tuple[str, str]]:
+    """(label, source) of the core with each part's top-level definitions replaced by None."""
+    sys.path.insert(0, ROOT)
+    from ports.micropython import run
+
+    start_up = set(run.START_UP_ONLY[0][1].split())
+    tree = ast.parse(src)
+    # names module-level code reads while importing (PROFILE_KEYS from LIMITS, ...) stay: the
+    # import would fail without them; they are counted in "the rest"
+    used_at_import = set()
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            for n in ast.walk(node.value if isinstance(node, ast.Assign) else node):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                    used_at_import.add(n.id)
+    groups: Dict[str, List[Tuple[int, str]]] = {}  # label -> (index in the body, name defined)
+    for i, node in enumerate(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in used_at_import:
+            continue
+        if isinstance(node, ast.ClassDef):
+            name = node.name
+            label = "class " + node.name + (" (name forgotten once built)" if node.name in start_up else "")
+        elif isinstance(node, ast.FunctionDef):
+            name = node.name
+            label = ("functions, start-up only" if node.name in start_up
+                     else "functions, serving")
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1
+              and isinstance(node.targets[0], ast.Name) and not (
+                  isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "const")
+              and node.targets[0].id not in used_at_import):
+            name = node.targets[0].id
+            label = ("tables, start-up only" if name in start_up else "tables and strings, serving")
+        else:
+            continue
+        groups.setdefault(label, []).append((i, name))
+    out = []
+    for label, defs in groups.items():
+        body = list(tree.body)
+        for i, name in defs:
+            body[i] = ast.Assign(targets=[ast.Name(name, ast.Store())],
+                                 value=ast.Constant(None), lineno=body[i].lineno)
+        out.append((label, ast.unparse(ast.fix_missing_locations(ast.Module(body, [])))))
+    return out
+
+
+def _import_heap(folder: str, source: str) -> int:
+    with open(os.path.join(folder, "variant.py"), "w") as f:
+        f.write(source)
+    subprocess.run([deploy.tool("mpy-cross"), *deploy.MPY_CROSS_FLAGS, "-o",
+                    os.path.join(folder, "variant.mpy"), "variant.py"], cwd=folder, check=True)
+    os.remove(os.path.join(folder, "variant.py"))
+    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c", ABLATION_SCRIPT], cwd=folder,
+                       capture_output=True, text=True, timeout=60)
+    m = re.search(r"HEAP (\d+)", r.stdout)
+    if not m:
+        raise SystemExit("bench: importing a core variant failed:\n" + r.stdout + r.stderr)
+    return int(m.group(1))
+
+
+def core_parts(tmp: str) -> Tuple[int, List[Tuple[str, int]]]:
+    """The core's import heap, whole, and what each part of it costs (see the docstring)."""
+    folder = os.path.join(tmp, "ablation")
+    os.makedirs(folder)
+    with open(os.path.join(ROOT, "ubrb_min.py")) as f:
+        src = f.read()
+    whole = _import_heap(folder, ast.unparse(ast.parse(src)))
+    rows = [(label, whole - _import_heap(folder, v)) for label, v in _variants(src)]
+    rows.sort(key=lambda r: -r[1])
+    return whole, rows
+
+
+def wasm32(folder: str) -> str:
+    """(core, port) code heap under the 32-bit WebAssembly MicroPython, or why not measured."""
+    node = shutil.which("node")
+    if node is None or not os.path.isdir(os.path.join(ROOT, "node_modules", "@micropython")):
+        return "not measured (needs node and `npm ci`)"
+    r = subprocess.run([node, "--input-type=module", "-e", WASM_SCRIPT, "--", folder, ROOT,
+                        CORE_BUILD], capture_output=True, text=True, timeout=120)
+    m = re.search(r"W32 (\d+) (\d+) (\d+)", r.stdout)
+    if not m:
+        return "not measured: " + (r.stderr.strip().splitlines() or ["no output"])[-1][:80]
+    return "core %s, port that stays %s, core objects built %s" % m.groups()
+
+
+def core_build_64(folder: str) -> int:
+    """CORE_BUILD's heap under the 64-bit unix port, for comparison with the 32-bit figure."""
+    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c",
+                        "import gc, ubrb_min\ngc.collect()\na = gc.mem_alloc()\n" + CORE_BUILD
+                        + "print('B64', gc.mem_alloc() - a)"],
+                       cwd=folder, capture_output=True, text=True, timeout=60)
+    m = re.search(r"B64 (\d+)", r.stdout)
+    return int(m.group(1)) if m else -1
+
+
+def romfs_start_up(folder: str, heap: str) -> str:
+    """main.py with the modules in a ROMFS image mounted at /rom, in `heap` plus the image."""
+    img = os.path.getsize(os.path.join(folder, deploy.ROMFS_IMAGE))
+    port = deploy.free_port()
+    argv = [micropython(), "-X", "heapsize=" + deploy.romfs_heap(folder, heap), "-c",
+            deploy.romfs_launcher(["--listen", "127.0.0.1:%d" % port, "--log-level", "info"])]
+    text = _first_memory_line(argv, folder)
+    m = MEMORY_LINE.search(text)
+    if m:
+        return "%7d used %7d free  (image %d B taken off used)" % (
+            int(m.group(1)) - img, int(m.group(2)), img)
+    last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
+    return "did not start: " + last[0][:90]
 
 
 def qstr_headroom(folder: str) -> str:
@@ -175,23 +358,49 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("  %-30s %8d %17d" % (mod + ".mpy", a, b))
         print("  %-30s %8d %17d" % ("everything the board loads", t3, tp))
         vals, qstr = parts(o3, link)
-        print("\nheap per part, deployed layout (bytes; gc.mem_alloc() deltas, 1 MiB heap)")
-        print("  %-52s %7d" % ("interpreter at start", vals["base"]))
-        print("  %-52s %7d" % ("core (ubrb_min.mpy)", vals["core"]))
-        print("  %-52s %7d" % ("port that stays (run, loop, link)", vals["port"]))
-        print("  %-52s %7d" % ("gateway.py while starting (options, usage, Wi-Fi)",
-                               vals["gateway_loaded"]))
-        print("  %-52s %7d" % ("  of which kept after it is unloaded (qstrs, options)",
-                               vals["gateway_kept"]))
-        print("  %-52s %7d" % ("gateway + link session built (buffers, tables)", vals["build"]))
-        print("  %-52s %7d" % ("  the printed worst-case budget, for comparison", vals["budget"]))
+        rom = os.path.join(tmp, "romfs")
+        deploy.build_romfs(rom, {"link": link})
+        rvals, _ = parts(rom, link, romfs=True)
+        img = os.path.getsize(os.path.join(rom, deploy.ROMFS_IMAGE))
+        rvals["after"] -= img
+        rvals["base"] -= img
+        print("\nheap per part (bytes; gc.mem_alloc() deltas, 1 MiB heap)   .mpy files   ROMFS image")
+        for key, label in (
+                ("base", "interpreter at start"),
+                ("core", "core (ubrb_min.mpy)"),
+                ("port", "port that stays (run, loop, link)"),
+                ("link", "  link.mpy"),
+                ("loop", "  loop.mpy"),
+                ("run", "  run.mpy"),
+                ("gateway_loaded", "gateway.py while starting (options, usage, Wi-Fi)"),
+                ("gateway_kept", "  of which kept after it is unloaded (qstrs, options)"),
+                ("build", "gateway + link session built (buffers, tables)"),
+                ("budget", "  the printed worst-case budget, for comparison"),
+                ("forgotten", "start-up-only code forgotten once built (run.py)"),
+                ("after", "heap used after start-up")):
+            sign = -1 if key == "forgotten" else 1
+            print("  %-52s %7d %13d" % (label, sign * vals[key], sign * rvals[key]))
+        print("  (ROMFS: the image's %d bytes, in the heap under the unix port and in flash on a "
+              "board, are not counted)" % img)
         print("  qstr pool after start-up: %s" % qstr)
         print("  qstr headroom: %s" % qstr_headroom(o3))
+        whole, rows = core_parts(tmp)
+        print("\nthe core by part (bytes of heap its import takes less without the part; 64-bit)")
+        for label, n in rows:
+            print("  %-52s %7d" % (label, n))
+        print("  %-52s %7d" % ("the rest: module globals, names, constants",
+                               whole - sum(n for _, n in rows)))
+        print("  %-52s %7d" % ("the core, whole", whole))
+        print("\n32-bit MicroPython (npm WebAssembly 1.27), the same .mpy files: %s"
+              % wasm32(o3))
+        print("  (64-bit, this run: core %d, port that stays %d, core objects built %d)"
+              % (vals["core"], vals["port"], core_build_64(o3)))
         print("\nheap after start-up with -X heapsize=%s (the gateway's own memory line)" % args.heap)
         print("  %-34s %s" % ("deployed (-O3 .mpy)", start_up(o3, args.heap)))
         print("  %-34s %s" % ("plain mpy-cross .mpy", start_up(plain, args.heap)))
         print("  %-34s %s" % (".py sources on the board", start_up(src, args.heap)))
         print("  %-34s %s" % (".py sources, 1 MiB heap", start_up(src, "1m")))
+        print("  %-34s %s" % ("ROMFS image (code run in place)", romfs_start_up(rom, args.heap)))
     return 0
 
 

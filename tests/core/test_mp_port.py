@@ -762,3 +762,16 @@ def test_allow_lists_and_throttle_flags_on_the_micropython_port():
     assert [(e["code"], e["id"]) for e in errs] == [("topic_denied", 1)]
     io = ML.IO(None, None, None, None, None, None)
     assert G.main(["--allow-clients", "10.0.0.300"], io) == 2  # one line, exit 2
+
+
+def test_every_start_up_only_name_exists():
+    # run.py's START_UP_ONLY: what the board forgets once the gateway is built (its code freed).
+    # A listed name renamed or removed in its module would silently stay loaded.
+    import sys
+
+    from ports.micropython import run
+
+    for mod, names in run.START_UP_ONLY:
+        m = sys.modules[mod]
+        for name in names.split():
+            assert name in m.__dict__, (mod, name)

@@ -73,5 +73,52 @@ def test_make_deploy_check_passes() -> None:
                        timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "answered HELLO and PING" in out and "memory: budget 54.2 KiB + code" in out
+    assert "answered HELLO and PING" in out and "memory: budget 49.6 KiB + code" in out
     print([line for line in out.splitlines() if "memory:" in line or "(.mpy)" in line])
+
+
+def test_romfs_layout_is_one_image_and_the_config(tmp_path: Path) -> None:
+    files = deploy.build_romfs(str(tmp_path), deploy.gateway_options("uart:1", []))
+    assert sorted(files) == ["config.py", "main.py"]  # the modules are in the image only
+    image = (tmp_path / deploy.ROMFS_IMAGE).read_bytes()
+    assert image.startswith(b"\xd2\xcd\x31")  # the ROMFS header mpremote writes
+    for _, mod in deploy.MODULES:
+        assert not (tmp_path / (mod + ".mpy")).exists(), mod
+        assert (mod.rsplit("/", 1)[-1] + ".mpy").encode() in image, mod
+
+
+def test_romfs_board_preparation_also_removes_the_module_files(tmp_path: Path) -> None:
+    # The filesystem comes before /rom on sys.path: a left .mpy would be imported instead.
+    (tmp_path / "ports" / "micropython").mkdir(parents=True)
+    for stale in ("ubrb_min.mpy", "ports/micropython/run.mpy", "ports/micropython/loop.py"):
+        (tmp_path / stale).write_text("# an old copy\n")
+    (tmp_path / "prepare.py").write_text(deploy.prepare_script(romfs=True))
+    r = subprocess.run([micropython_exe(), "prepare.py"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["prepare.py"]
+
+
+def test_romfs_deploy_writes_the_image_then_the_files(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "tools/deploy.py", "board", "--port", "/dev/ttyUSB0",
+                        "--romfs", "--out", str(tmp_path), "--dry-run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cmd = r.stdout.strip().splitlines()[-1]
+    assert (" connect /dev/ttyUSB0 romfs --no-mpy deploy %s/romfs.img + exec " % tmp_path) in cmd
+    assert ".mpy :" not in cmd  # no module copied to the filesystem
+    assert cmd.endswith(" + fs cp %s/main.py :main.py + fs cp %s/config.py :config.py"
+                        % (tmp_path, tmp_path))
+
+
+def test_make_deploy_check_romfs_passes() -> None:
+    # The image mounted at /rom as ROMFS firmware does, code run in place; the heap is
+    # ROMFS_CHECK_HEAP plus the image (which lives in flash on a board); >= 32 KiB free asserted.
+    micropython_exe()
+    r = subprocess.run(["make", "-s", "deploy-check", "ROMFS=1"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "(%s + the ROMFS image)" % deploy.ROMFS_CHECK_HEAP in out
+    assert "answered HELLO and PING" in out
