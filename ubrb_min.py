@@ -1288,8 +1288,6 @@ class Gateway:
         c = self.clients[ci]
         if c.state == S_FREE:
             return
-        # Client-supplied strings are logged as repr: a name cannot forge a log line.
-        self._log("info", "client %d (%r) closed: %s" % (ci, c.name, reason or c.close_reason))
         for i in range(c.max_pubs):
             if c.pub_id[i] >= 0:
                 self._release(c, PUB, i)
@@ -1303,6 +1301,9 @@ class Gateway:
             c.blocked = False
             self.n_blocked -= 1
         c.state = S_FREE
+        # Logged once the client is gone: whoever reads "closed" finds its slot and ids free.
+        # Client-supplied strings are logged as repr: a name cannot forge a log line.
+        self._log("info", "client %d (%r) closed: %s" % (ci, c.name, reason or c.close_reason))
 
     def tick(self, now):
         self.now = now

@@ -150,14 +150,13 @@ def test_companion_restart_mid_stream(mp_bridge: Any, connect: Any, dds: Dds) ->
     assert a.error_codes() == [("link_reset", None)] and b.error_codes() == [("link_reset", None)]
 
 
-def test_10000_relays_leave_the_heap_as_it_was(connect: Any, dds: Dds) -> None:
-    # Its own gateway: the heap "at stop" (after Ctrl-C, buffers still held) against "after
-    # start-up" tells what serving 2 clients and 10,000 relays (5,000 each way) left behind.
+def _heap_after_relays(connect: Any, dds: Dds, n: int, tag: str) -> int:
+    """A gateway of its own serves 2 clients that relay `n` messages each way, then stops: the
+    heap it reports "at stop" (after Ctrl-C and a collection, buffers still held)."""
     bridge = MicroPythonBridge()
     try:
         assert bridge.gw is not None
-        used0, free0 = bridge.gw.heap_after_start()
-        out, back = "/e2e_mp_heap_out", "/e2e_mp_heap_back"
+        out, back = "/e2e_mp_heap_out_" + tag, "/e2e_mp_heap_back_" + tag
         raw = RawCollector(dds.reader("rt" + out, I.String, depth=1000))
         w = dds.writer("rt" + back, I.String, depth=1000)
         a, b = connect(bridge, "pub"), connect(bridge, "sub")
@@ -165,16 +164,16 @@ def test_10000_relays_leave_the_heap_as_it_was(connect: Any, dds: Dds) -> None:
         b.subscribe(2, back, S, DEEP)
         assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
         data = ser(string_msg("relay"), S)
-        n = 5000
-        for _k in range(0, n, 50):              # in steps, each acknowledged by a PONG
-            for _ in range(50):
+        step = min(n, 50)
+        for _k in range(0, n, step):            # in steps, each acknowledged by a PONG
+            for _ in range(step):
                 a.publish(1, data)
             a.sync(10)
             raw.poll()
-        for k in range(0, n, 50):
-            for i in range(50):
+        for k in range(0, n, step):
+            for i in range(step):
                 w.write(I.String(data="relay %d" % (k + i)))
-            want = k + 50
+            want = k + step
             assert b.wait(lambda m=want: len(b.messages[2]) >= m, 10), \
                 "DDS -> client stalled at %d of %d\n%s" % (len(b.messages[2]), want,
                                                             bridge.gw.text()[-2000:])
@@ -186,12 +185,24 @@ def test_10000_relays_leave_the_heap_as_it_was(connect: Any, dds: Dds) -> None:
         assert bridge.gw.wait_line(r"client 1 .*closed", 5)
         bridge.gw.stop(signal.SIGINT)
         m = bridge.gw.wait_line(r"heap at stop: (\d+) bytes used", 5)
-        used1 = int(m.group(1))
         counters = bridge.gw.wait_line(r"stopped; counters: (.*)$", 5).group(1)
         relayed = {k: int(v) for k, v in re.findall(r"'(publish_in|message_out)': (\d+)", counters)}
         assert relayed["publish_in"] >= n and relayed["message_out"] >= n, counters
-        print("heap used after start-up %d, after 2 clients and %d relays %d (%+d bytes)"
-              % (used0, 2 * n, used1, used1 - used0))
-        assert used1 - used0 <= 1024, bridge.gw.text()[-3000:]
+        return int(m.group(1))
     finally:
         bridge.close()
+
+
+def test_10000_relays_leave_the_heap_as_it_was(connect: Any, dds: Dds) -> None:
+    # Two gateways, the same clients, topics of the same length: one relays 50 messages each way,
+    # the other 5,000. Whatever serving costs once (a client's first frames, a pool of interned
+    # names the first time, grown tables) is in both; what the 10,000 relays left behind is the
+    # difference. Not quite zero: Ctrl-C lands wherever the loop is, and MicroPython keeps the
+    # traceback of its one KeyboardInterrupt object (a few hundred bytes, by the depth it landed
+    # at; measured -352..+352 B over 40 runs). A leak of one byte per relay would show 10 KB. (The
+    # core's hot path allocates nothing at all: tests/core/test_alloc.py.)
+    few = _heap_after_relays(connect, dds, 50, "a")
+    many = _heap_after_relays(connect, dds, 5000, "b")
+    print("heap at stop after 2 clients and 100 relays: %d bytes used; after 10,000: %d (%+d)"
+          % (few, many, many - few))
+    assert many - few <= 512
