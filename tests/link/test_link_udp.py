@@ -151,6 +151,7 @@ def test_udp_big_mtu_window_fits_the_receive_queue() -> None:
             frame = bytearray(z["max_frame"])
             for _ in range(z["window"]):
                 assert tx.write(frame, 0, len(frame)) == len(frame)
+            assert tx.push()  # what LinkDriver.flush does after its frames (one batch)
             got = 0
             try:
                 while len(rx.recv(65536)) == len(frame):
