@@ -620,6 +620,18 @@ def check_order(samples: List[bytes], clients: int, per_client: int) -> Dict[str
             "duplicates": dup, "out_of_order": ooo}
 
 
+def steady_rate(times: List[float]) -> float:
+    """Messages per second between the arrival of the message at 10 % and the one at 90 % of
+    those delivered: the sustained rate, measured the same way for every path, without the
+    ramp-up (first window, scheduling) or the tail (last acknowledgements)."""
+    n = len(times)
+    if n < 10:
+        return 0.0
+    a, b = n // 10, (9 * n) // 10
+    span = times[b] - times[a]
+    return (b - a) / span if span > 0 else 0.0
+
+
 def percentiles(vals: List[float]) -> Dict[str, float]:
     v = sorted(vals)
     if not v:
@@ -644,6 +656,7 @@ def _dds_writer_main(argv: List[str]) -> int:
         print("no reader matched", flush=True)
         return 1
     time.sleep(0.5)                           # both sides' discovery settled
+    print("writing", flush=True)
     t0 = time.monotonic()
     for i in range(a.count):
         write_raw(w, tagged_cdr(0, i, a.size))
