@@ -164,12 +164,16 @@ class UdpTransport:
             return True
         assert self.batch is not None
         data = memoryview(self.batch)[: self.b_fill]
+        to = self.peer
+        if to is None:  # (frames are only batched for a peer)
+            self.b_n = self.b_fill = 0
+            return True
         try:
             if self.b_n == 1:
-                self.sock.sendto(data, self.peer)
+                self.sock.sendto(data, to)
             else:
                 self.sock.sendmsg([data], [(socket.IPPROTO_UDP, UDP_SEGMENT,
-                                            self.b_seg.to_bytes(2, sys.byteorder))], 0, self.peer)
+                                            self.b_seg.to_bytes(2, sys.byteorder))], 0, to)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError as e:
@@ -183,9 +187,9 @@ class UdpTransport:
                     self.batch = None
                 for p in range(0, self.b_fill, self.b_seg):
                     k = min(self.b_seg, self.b_fill - p)
-                    self._send(data, p, k, self.peer)
+                    self._send(data, p, k, to)
             else:  # unreachable network etc.: UDP is lossy anyway
-                log.debug("link: sendto %s: %s", self.peer, e)
+                log.debug("link: sendto %s: %s", to, e)
         self.b_n = self.b_fill = 0
         return True
 
