@@ -379,14 +379,29 @@ class LinkDriver:
             if not t.datagram:
                 s.feed(buf, 0, n, now)
                 continue
-            for p in range(0, n, t.seg):  # several datagrams of t.seg bytes each (UDP GRO)
-                self._datagram(buf, p, min(t.seg, n - p), now)
+            # One datagram, or several of t.seg bytes each (UDP GRO), each one frame. From the
+            # peer, the session takes them a run at a time (a datagram-mode feed parses every
+            # frame in its range); anything else one by one (a HELLO may move the peer).
+            seg = t.seg
+            direct = t.peer is not None and t.last_addr == t.peer
+            p = 0
+            while p < n:
+                if direct:
+                    k = min(n - p, seg * max(1, self.ack_every - self.unacked))
+                    s.feed(buf, p, k, now)
+                    self.unacked += (k + seg - 1) // seg
+                else:
+                    k = min(seg, n - p)
+                    self._datagram(buf, p, k, now)
+                    self.unacked += 1
+                p += k
                 # Acknowledge every half window as it comes, not once after handling all that
                 # was queued: the peer sends the next half while this end still works on the
                 # last one, instead of both taking turns at sitting idle.
-                self.unacked += 1
-                if self.unacked >= self.ack_every and s.ack_pending:
-                    self.flush(now)
+                if self.unacked >= self.ack_every:
+                    if s.ack_pending:
+                        self.flush(now)
+                    self.unacked = 0
 
     def _datagram(self, buf: bytearray, off: int, n: int, now: int) -> None:
         t, s = self.t, self.s
