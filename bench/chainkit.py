@@ -645,13 +645,19 @@ def percentiles(vals: List[float]) -> Dict[str, float]:
 # -- the bare DDS writer process ----------------------------------------------------------------
 def _dds_writer_main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(prog="chainkit.py dds-writer",
-                                 description="bare cyclonedds-python writer of tagged Strings")
+                                 description="bare cyclonedds-python writer of tagged Strings, "
+                                             "with the companion's writer QoS")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--size", type=int, default=1024)
     a = ap.parse_args(argv)
+    from cyclonedds.pub import DataWriter
     from cyclonedds.util import duration
-    w = dds_writer(a.topic)
+
+    from ros_side.backends.dds import make_qos
+    # The very QoS the companion's writer has for the chain's topic (reliable, volatile, depth
+    # 10: KEEP_ALL, XCDR1, ...), so both paths write into DDS the same way.
+    w = DataWriter(participant(), string_topic(a.topic), qos=make_qos(QOS_R, True))
     if not wait_for(lambda: matched(w) > 0, 20.0):
         print("no reader matched", flush=True)
         return 1
