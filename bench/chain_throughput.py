@@ -8,7 +8,10 @@ delivered/s, lost, duplicates, order. In the same run, for comparison:
 - a ``socat`` TCP byte relay carrying the very same UBRB bytes to a counting sink: what moving
   the bytes between two sockets costs.
 
-Issue 12's goal: 0 lost, sustained >= 0.5x the bare DDS path.
+Issue 12's goal: 0 lost, sustained >= 0.5x the bare DDS path. Both paths are measured the same
+way: the same tagged 1 KiB Strings, reliable, counted at the same kind of reader in this process;
+the figure is the steady rate (chainkit.steady_rate: between the arrivals of the 10 % and the 90 %
+message), with the whole run's rate (first write to last arrival) beside it.
 
     .venv/bin/python bench/chain_throughput.py [--count 20000] [--clients 5] [--per-client 4000]
         [--link-mtu 1400,8192]
@@ -82,9 +85,10 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         if got:
             span = got[-1][0] - t0
             r["span_s"] = span
-            r["per_s"] = r["delivered"] / span if span > 0 else 0.0
+            r["whole_per_s"] = r["delivered"] / span if span > 0 else 0.0
         else:
-            r["span_s"] = r["per_s"] = 0.0
+            r["span_s"] = r["whole_per_s"] = 0.0
+        r["per_s"] = K.steady_rate([t for t, _ in got])
         r["errors"] = sorted({e.get("code", "?") for c in cs for e in c.errors})
         r["error_frames"] = sum(len(c.errors) for c in cs)
         r["rss_growth_kib"] = rss_max[0] - rss0
@@ -103,17 +107,17 @@ def run_bare_dds(topic: str, count: int, size: int, timeout: float) -> Dict[str,
         K.wait_for(lambda: K.matched(reader) >= 1, 20.0)
         cpu0 = K.cpu_s(w.pid)
         col = K.Collector(reader)
-        t0 = None
+        w.wait_line(r"^writing", 20.0)
+        w_t0 = time.monotonic()                # as the chain's: from the first write on
         end = time.monotonic() + timeout + 20
         while time.monotonic() < end and col.count() < count:
             time.sleep(0.02)
-            if t0 is None and col.count():
-                t0 = col.got[0][0]
         got = col.stop()
         r = K.check_order([d for _, d in got], 1, count)
         r["cpu"] = {"writer": tuple(b - a for a, b in zip(cpu0, K.cpu_s(w.pid)))}
-        span = (got[-1][0] - got[0][0]) if len(got) > 1 else 0.0
-        r["per_s"] = r["delivered"] / span if span > 0 else 0.0
+        span = (got[-1][0] - w_t0) if got else 0.0
+        r["whole_per_s"] = r["delivered"] / span if span > 0 else 0.0
+        r["per_s"] = K.steady_rate([t for t, _ in got])
         return r
     finally:
         w.stop()
@@ -177,6 +181,8 @@ def fmt(r: Dict[str, Any]) -> str:
     if "skipped" in r:
         return "skipped: " + r["skipped"]
     s = "%9.0f msg/s  delivered %d" % (r.get("per_s", 0.0), r.get("delivered", 0))
+    if "whole_per_s" in r:
+        s += " (whole run %.0f/s)" % r["whole_per_s"]
     for k in ("lost", "duplicates", "out_of_order"):
         if k in r:
             s += "  %s %d" % (k, r[k])
@@ -235,7 +241,7 @@ def main(argv: List[str] | None = None) -> int:
     if bare.get("per_s"):
         ratio = one.get("per_s", 0) / bare["per_s"]
         met = ratio >= 0.5 and one.get("lost", 1) == 0
-        print("  chain/bare = %.2f while data flows, lost %d (goal: >= 0.5 and 0 lost: %s)"
+        print("  chain/bare = %.2f (steady rates), lost %d (goal: >= 0.5 and 0 lost: %s)"
               % (ratio, one.get("lost", -1), "met" if met else "NOT met"))
     return 0
 

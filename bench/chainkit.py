@@ -544,6 +544,18 @@ def check_order(samples: List[bytes], clients: int, per_client: int) -> Dict[str
             "duplicates": dup, "out_of_order": ooo}
 
 
+def steady_rate(times: List[float]) -> float:
+    """Messages per second between the arrival of the message at 10 % and the one at 90 % of
+    those delivered: the sustained rate, measured the same way for every path, without the
+    ramp-up (first window, scheduling) or the tail (last acknowledgements)."""
+    n = len(times)
+    if n < 10:
+        return 0.0
+    a, b = n // 10, (9 * n) // 10
+    span = times[b] - times[a]
+    return (b - a) / span if span > 0 else 0.0
+
+
 def percentiles(vals: List[float]) -> Dict[str, float]:
     v = sorted(vals)
     if not v:
@@ -557,17 +569,24 @@ def percentiles(vals: List[float]) -> Dict[str, float]:
 # -- the bare DDS writer process ----------------------------------------------------------------
 def _dds_writer_main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(prog="chainkit.py dds-writer",
-                                 description="bare cyclonedds-python writer of tagged Strings")
+                                 description="bare cyclonedds-python writer of tagged Strings, "
+                                             "with the companion's writer QoS")
     ap.add_argument("--topic", required=True)
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--size", type=int, default=1024)
     a = ap.parse_args(argv)
+    from cyclonedds.pub import DataWriter
     from cyclonedds.util import duration
-    w = dds_writer(a.topic)
+
+    from ros_side.backends.dds import make_qos
+    # The very QoS the companion's writer has for the chain's topic (reliable, volatile, depth
+    # 10: KEEP_ALL, XCDR1, ...), so both paths write into DDS the same way.
+    w = DataWriter(participant(), string_topic(a.topic), qos=make_qos(QOS_R, True))
     if not wait_for(lambda: matched(w) > 0, 20.0):
         print("no reader matched", flush=True)
         return 1
     time.sleep(0.5)                           # both sides' discovery settled
+    print("writing", flush=True)
     t0 = time.monotonic()
     for i in range(a.count):
         write_raw(w, tagged_cdr(0, i, a.size))

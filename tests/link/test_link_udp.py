@@ -151,6 +151,7 @@ def test_udp_big_mtu_window_fits_the_receive_queue() -> None:
             frame = bytearray(z["max_frame"])
             for _ in range(z["window"]):
                 assert tx.write(frame, 0, len(frame)) == len(frame)
+            assert tx.push()  # what LinkDriver.flush does after its frames (one batch)
             got = 0
             try:
                 while len(rx.recv(65536)) == len(frame):
@@ -193,3 +194,138 @@ def test_udp_big_mtu_streams_without_retransmissions() -> None:
     finally:
         g.d.close()
         c.d.close()
+
+
+def _frames(sizes: list) -> list:
+    return [bytes([i & 255]) * n for i, n in enumerate(sizes)]
+
+
+def _plain_receiver() -> socket.socket:
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # no GRO: like a board's socket
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    return rx
+
+
+def _drain(rx: socket.socket) -> list:
+    got = []
+    try:
+        while True:
+            got.append(rx.recv(65536))
+    except BlockingIOError:
+        return got
+
+
+# Runs of equal frames (one batch each), a short one ending a batch, a longer one starting the
+# next, a single frame, and more than the kernel's 64 segments of one size.
+BATCH_SIZES = [1400] * 5 + [700] + [1400] * 3 + [12] + [900, 900, 1400, 64] + [100] * 70
+
+
+def test_udp_batched_frames_arrive_one_datagram_each() -> None:
+    """Frames written during one flush leave in a few sendmsg calls (UDP segmentation), yet a
+    peer without GRO (a MicroPython board) receives each frame as a datagram of its own, with
+    its bytes and in its order: batching is invisible on the wire."""
+    rx = _plain_receiver()
+    tx = host_link.UdpTransport("127.0.0.1", rx.getsockname()[1], gateway=True)
+    try:
+        frames = _frames(BATCH_SIZES)
+        for f in frames:
+            assert tx.write(bytearray(f), 0, len(f)) == len(f)
+        assert tx.push() and not tx.pending()
+        assert _drain(rx) == frames
+    finally:
+        rx.close()
+        tx.close()
+
+
+def test_udp_gro_reads_several_frames_at_once_and_the_driver_splits_them() -> None:
+    """A CPython end receives a batch of same-size frames in one read (UDP GRO) and hands each
+    frame to its session on its own: reliable 1 KiB messages cross in order, fewer reads than
+    frames."""
+    cport = free_port(socket.SOCK_DGRAM)
+    c = CompanionEnd(f"udp://127.0.0.1:{cport}", epoch=2)
+    g = GatewayEnd(f"udp://127.0.0.1:{cport}", epoch=1)
+    registrations(g)
+    if not c.d.t.gro:
+        import pytest
+        pytest.skip("this kernel has no UDP_GRO (Linux >= 5.0): frames arrive one per read")
+    reads = [0]
+    real = c.d.t.read_into
+
+    def counting(buf: bytearray) -> int:
+        n = real(buf)
+        reads[0] += n > 0
+        return n
+
+    c.d.t.read_into = counting  # type: ignore[method-assign]
+    w = World()
+    w.drivers += [g.d, c.d]
+    try:
+        assert w.run(3000, until=lambda: bool(g.gw.ups) and len(c.comp.live) == 3)
+        reads[0] = 0
+        rx0 = c.d.counters()["rx_frames"]
+        N, sent = 600, 0
+        for _ in range(2000):
+            while sent < N and g.s.rel_room(1024):
+                assert g.s.send(L.LK_T_PUB, 1, payload(sent, 1024), 0, 1024, True) == L.LK_OK
+                sent += 1
+            w.step()
+            if len(c.comp.published.get(1, [])) == N:
+                break
+        assert [seqno(m) for m in c.comp.published.get(1, [])] == list(range(N))
+        frames = c.d.counters()["rx_frames"] - rx0
+        assert reads[0] * 4 <= frames, "%d reads for %d frames" % (reads[0], frames)
+        assert g.d.counters()["retx"] == 0
+    finally:
+        g.d.close()
+        c.d.close()
+
+
+def test_udp_segmentation_refused_falls_back_to_one_send_per_frame() -> None:
+    """Where the kernel refuses UDP segmentation (here for real: a socket without UDP checksums,
+    SO_NO_CHECK, gets EINVAL; elsewhere an old kernel, a device without checksum offload), the
+    batch is sent again one datagram per frame, and later flushes no longer batch: nothing is
+    lost, the peer sees the same datagrams."""
+    rx = _plain_receiver()
+    tx = host_link.UdpTransport("127.0.0.1", rx.getsockname()[1], gateway=True)
+    try:
+        tx.sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_NO_CHECK", 11), 1)
+        frames = _frames([1400] * 4 + [300])
+        for f in frames:
+            assert tx.write(bytearray(f), 0, len(f)) == len(f)
+        assert tx.push()
+        assert tx.batch is None  # no more batching on this socket
+        more = _frames([1400] * 3)
+        for f in more:
+            assert tx.write(bytearray(f), 0, len(f)) == len(f)
+        assert tx.push()
+        assert _drain(rx) == frames + more
+    finally:
+        rx.close()
+        tx.close()
+
+
+def test_cpython_udp_window_fits_even_a_default_receive_queue() -> None:
+    """A CPython end announces 32 frames on UDP at the default MTU (fewer at bigger MTUs: at
+    most LINK_WINDOW_BYTES in flight), and a whole such window, sent in one flush while the
+    receiver does not read, waits whole in a default-size receive queue."""
+    assert host_link.udp_window(16, L.LINK_DEFAULT_MTU) == 32
+    assert host_link.udp_window(8, 8192) == 8
+    assert host_link.udp_window(4, 16384) == 4
+    cport = free_port(socket.SOCK_DGRAM)
+    s, d = host_link.open_link(f"udp://127.0.0.1:{cport}", False, 1 << 20)
+    try:
+        assert s.window == 32
+    finally:
+        d.close()
+    rx = _plain_receiver()
+    tx = host_link.UdpTransport("127.0.0.1", rx.getsockname()[1], gateway=True)
+    try:
+        frame = bytearray(L.LINK_DEFAULT_MTU)
+        for _ in range(32):
+            assert tx.write(frame, 0, len(frame)) == len(frame)
+        assert tx.push()
+        assert len(_drain(rx)) == 32
+    finally:
+        rx.close()
+        tx.close()
