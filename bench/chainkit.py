@@ -209,7 +209,7 @@ class FrameSniffer:
         self.big = big
         self.big_at: List[Tuple[float, int, str]] = []
 
-    def feed(self, data: bytearray, n: int, now: float) -> None:
+    def feed(self, data: bytes, n: int, now: float) -> None:
         b = self.buf
         b += data[:n]
         p = 0
