@@ -12,6 +12,7 @@
 import sys
 import json
 import struct
+from array import array
 
 try:  # const(): inlined by MicroPython's compiler (no global looked up at run time); CPython: as is
     from micropython import const
@@ -2268,7 +2269,8 @@ _LK_RTO_MIN = const(40)
 _LK_RTO_MAX = const(2000)
 LK_FRAG_MS = const(2000)
 _LK_ACK_REP_MS = const(30)
-_LK_WMAX = const(32)        # largest window; frame table has 64 entries indexed by seq & 63
+_LK_WMAX = const(32)        # largest window; the frame table has one entry per frame in flight:
+_LK_FT_MASK = const(_LK_WMAX - 1)  # at most peer_window <= _LK_WMAX, so seq & _LK_FT_MASK is unique
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
@@ -2639,14 +2641,15 @@ class LinkSession:
         self.rec_header = bytearray(_LK_RHDR_MAX)  # scratch: a record header being written
         # record header being parsed: type, slot, length (varints)
         self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
-        # -- reliable class: a ring of wire records, go-back-N over a 64-entry frame table ------
+        # -- reliable class: a ring of wire records, go-back-N over a frame table of _LK_WMAX
+        # entries (offsets < 2**31 and lengths < 2**16 as arrays: half a list's heap or less)
         self.rel = bytearray(rel_bytes)
         self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
         self.rel_queued = 0
-        self.frame_off = [0] * 64  # per sequence number (seq & 63): where its body is in `rel`
-        self.frame_len = [0] * 64
-        self.frame_sent_at = [0] * 64
-        self.frame_retx = bytearray(64)
+        self.frame_off = array("i", bytes(4 * _LK_WMAX))  # per seq & _LK_FT_MASK: body in `rel`
+        self.frame_len = array("H", bytes(2 * _LK_WMAX))
+        self.frame_sent_at = [0] * _LK_WMAX  # ms: a list (CPython's clock outgrows an array's int)
+        self.frame_retx = bytearray(_LK_WMAX)
         self.rec_buf = bytearray(max_message + _LK_RHDR_MAX)  # a reliable record being assembled
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
@@ -3016,7 +3019,7 @@ class LinkSession:
 
     def _rel_frame(self, now):
         s = self.snd
-        i = s & 63
+        i = s & _LK_FT_MASK
         if s == self.nxt:                    # new frame: as much as fits
             n = self.rel_queued - self.rel_framed
             m = self.peer_max_frame - self.ovh
@@ -3090,7 +3093,7 @@ class LinkSession:
     def _timer(self, now):
         # retransmission timeout on the oldest unacked frame -> go back N
         if self.nxt != self.una and self.snd != self.una:
-            if now - self.frame_sent_at[self.una & 63] >= self.rto:
+            if now - self.frame_sent_at[self.una & _LK_FT_MASK] >= self.rto:
                 self.snd = self.una
                 self.c_timeouts += 1
                 self.rto = min(self.rto * 2, _LK_RTO_MAX)
@@ -3363,7 +3366,7 @@ class LinkSession:
             cap = len(self.rel)
             last = -1
             while una != a:
-                i = una & 63
+                i = una & _LK_FT_MASK
                 L = self.frame_len[i]
                 h = self.rel_head + L
                 if h >= cap:
