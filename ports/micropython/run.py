@@ -107,6 +107,10 @@ def main(argv=None, io=None):
         return first
     opts, profile, budget, io, log = first
     first = None
+    # config.py (the options and Wi-Fi credentials boot() read) has done its job too: compiled
+    # from source on the board, its module is ~1 KiB of heap
+    io.config = None
+    unload("config")
     heap()
     try:
         loop = build(opts, profile, budget, io, log)
