@@ -174,25 +174,26 @@ PROFILES = {
         "frame_timeout": 10,
     },
 }
-# Every limit of a profile, with the sentence both ports' --help show for its flag.
-LIMITS = (
-    ("max_clients", "UBRB client connections served at once"),
-    ("max_pubs", "publisher ids per client"),
-    ("max_subs", "subscription ids per client"),
-    ("max_topics", "topic slots (each for publishers and again for subscriptions)"),
-    ("max_payload", "largest PUBLISH/MESSAGE payload in bytes"),
-    ("max_control", "largest payload of any other op in bytes"),
-    ("queue_bytes", "send queue per client in bytes"),
-    ("control_reserve", "bytes of each send queue only control frames may use"),
-    ("max_throttled", "subscription topics --throttle can hold a message for at once "
-     "(one max-payload buffer each)"),
-    ("max_clients_per_address", "connections one client address may hold (0: half of "
-     "max_clients, so one host never takes every slot)"),
-    ("slow_client_timeout", "seconds a client's send queue may stay full without it reading a "
-     "whole frame before the client is closed"),
-    ("frame_timeout", "seconds a frame may take to arrive once its first byte is in (a "
-     "dribbling client is closed)"),
-)
+# Every limit of a profile, with the sentence both ports' --help show for its flag: (key, text)
+# pairs, made at import from one string ("key text" per line), so a board keeps one string
+# constant instead of twelve (the pairs go with LIMITS once the gateway is built).
+LIMITS = tuple([tuple(line.split(" ", 1)) for line in (
+    "max_clients UBRB client connections served at once\n"
+    "max_pubs publisher ids per client\n"
+    "max_subs subscription ids per client\n"
+    "max_topics topic slots (each for publishers and again for subscriptions)\n"
+    "max_payload largest PUBLISH/MESSAGE payload in bytes\n"
+    "max_control largest payload of any other op in bytes\n"
+    "queue_bytes send queue per client in bytes\n"
+    "control_reserve bytes of each send queue only control frames may use\n"
+    "max_throttled subscription topics --throttle can hold a message for at once "
+    "(one max-payload buffer each)\n"
+    "max_clients_per_address connections one client address may hold (0: half of "
+    "max_clients, so one host never takes every slot)\n"
+    "slow_client_timeout seconds a client's send queue may stay full without it reading a "
+    "whole frame before the client is closed\n"
+    "frame_timeout seconds a frame may take to arrive once its first byte is in (a "
+    "dribbling client is closed)").split("\n")])
 PROFILE_KEYS = tuple([k for k, _ in LIMITS])
 
 
@@ -1846,21 +1847,21 @@ def _qos_text(q):
 # registration, never per message. The per-message part is Throttle, allocation-free.
 # Both ports use these (no fnmatch or ipaddress on MicroPython).
 # ---------------------------------------------------------------------------------------------
-# Every policy option: key, metavar, the sentence both ports' --help show. Flags are
-# --key-with-dashes; `throttle` may be given more than once (and each takes a comma list).
-POLICY_OPTIONS = (
-    ("allow_clients", "CIDR[,CIDR...]",
-     "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
-     "are closed at accept and counted (clients_refused_address); default: everyone"),
-    ("allow_topics", "GLOB[,GLOB...]",
-     "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
-     "others get ERROR topic_denied; default: every topic"),
-    ("deny_topics", "GLOB[,GLOB...]",
-     "topics refused with ERROR topic_denied even when --allow-topics matches"),
-    ("throttle", "GLOB=HZ",
-     "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
-     "within each period, the last one delivered at the period's end (repeatable)"),
-)
+# Every policy option: key, metavar, the sentence both ports' --help show (one "key metavar
+# text" line each, split at import, as LIMITS). Flags are --key-with-dashes; `throttle` may be
+# given more than once (and each takes a comma list).
+POLICY_OPTIONS = tuple([tuple(line.split(" ", 2)) for line in (
+    "allow_clients CIDR[,CIDR...] "
+    "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
+    "are closed at accept and counted (clients_refused_address); default: everyone\n"
+    "allow_topics GLOB[,GLOB...] "
+    "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
+    "others get ERROR topic_denied; default: every topic\n"
+    "deny_topics GLOB[,GLOB...] "
+    "topics refused with ERROR topic_denied even when --allow-topics matches\n"
+    "throttle GLOB=HZ "
+    "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
+    "within each period, the last one delivered at the period's end (repeatable)").split("\n")])
 
 
 def glob_match(pat, s):
