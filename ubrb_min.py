@@ -1065,6 +1065,31 @@ class ProtocolError(Exception):
         self.id = id_
 
 
+# Gateway.stat_counts[i] is the counter named by word i of this string (one list and one string
+# on a board instead of a dict with a string per key); the last two count only with a Policy
+# (set_policy), and counters() reports them then. A new counter goes before those two.
+_GW_STATS = ("clients_accepted clients_rejected frames_in frames_out publish_in message_out "
+             "dropped_no_ros dropped_queue evicted errors_sent rejected_per_address closed_slow "
+             "closed_frame_timeout clients_refused_address topics_denied")
+_GS_CLIENTS_ACCEPTED = const(0)
+_GS_CLIENTS_REJECTED = const(1)
+_GS_FRAMES_IN = const(2)
+_GS_FRAMES_OUT = const(3)
+_GS_PUBLISH_IN = const(4)
+_GS_MESSAGE_OUT = const(5)
+_GS_DROPPED_NO_ROS = const(6)
+_GS_DROPPED_QUEUE = const(7)
+_GS_EVICTED = const(8)  # counters() reports the queues' sum
+_GS_ERRORS_SENT = const(9)
+_GS_REJECTED_PER_ADDRESS = const(10)
+_GS_CLOSED_SLOW = const(11)  # send queue full with nothing read for slow_client_timeout
+_GS_CLOSED_FRAME_TIMEOUT = const(12)  # a frame not complete frame_timeout after its first byte
+_GS_CLIENTS_REFUSED_ADDRESS = const(13)
+_GS_TOPICS_DENIED = const(14)
+_GS_N_PLAIN = const(13)
+_GS_N = const(15)
+
+
 class Gateway:
     """The UBRB v1 bridge state machine for all clients. Implements GatewaySink for the ROS side.
 
@@ -1114,28 +1139,15 @@ class Gateway:
         self.n_blocked = 0  # clients holding a reliable PUBLISH that waits for room
         self.rr = 0  # the next waiting client to get a turn
         self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
-        self.stats = {
-            "clients_accepted": 0,
-            "clients_rejected": 0,
-            "frames_in": 0,
-            "frames_out": 0,
-            "publish_in": 0,
-            "message_out": 0,
-            "dropped_no_ros": 0,
-            "dropped_queue": 0,
-            "evicted": 0,
-            "errors_sent": 0,
-            "rejected_per_address": 0,
-            "closed_slow": 0,  # send queue full with nothing read for slow_client_timeout
-            "closed_frame_timeout": 0,  # a frame not complete frame_timeout after its first byte
-        }
+        # counters, by the _GS_* indices of _GW_STATS' names (counters() reports them by name)
+        self.stat_counts = [0] * _GS_N
 
     def set_policy(self, policy, new_buffer=bytearray):
         """Apply a Policy (allow-lists, throttle rules) before serving. The throttle's holding
         buffers (profile max_throttled x max_payload) are allocated here, once."""
         self.policy = policy
-        self.stats["clients_refused_address"] = 0
-        self.stats["topics_denied"] = 0
+        self.stat_counts[_GS_CLIENTS_REFUSED_ADDRESS] = 0
+        self.stat_counts[_GS_TOPICS_DENIED] = 0
         if policy.throttle:
             p = self.p
             self.throttle = Throttle(p["max_topics"], p["max_throttled"], p["max_payload"],
@@ -1157,7 +1169,7 @@ class Gateway:
         self._refused_address = False
         if self.policy is not None and not self.policy.client_allowed(peer):
             self._refused_address = True
-            self.stats["clients_refused_address"] += 1
+            self.stat_counts[_GS_CLIENTS_REFUSED_ADDRESS] += 1
             self._log("warning", "refusing %s: not in --allow-clients" % (peer,))
             return -1
         host = peer_host(peer)
@@ -1167,8 +1179,8 @@ class Gateway:
                 if c.state != S_FREE and c.host == host:
                     n += 1
             if n >= self.p["max_clients_per_address"]:
-                self.stats["clients_rejected"] += 1
-                self.stats["rejected_per_address"] += 1
+                self.stat_counts[_GS_CLIENTS_REJECTED] += 1
+                self.stat_counts[_GS_REJECTED_PER_ADDRESS] += 1
                 self.refusal = ("the gateway serves at most %d clients per address "
                                 "(--max-clients-per-address)" % self.p["max_clients_per_address"])
                 self._log("warning", "refusing %s: its address holds %d clients already"
@@ -1178,11 +1190,11 @@ class Gateway:
             if c.state == S_FREE:
                 c.open(now)
                 c.host = host
-                self.stats["clients_accepted"] += 1
+                self.stat_counts[_GS_CLIENTS_ACCEPTED] += 1
                 if peer is not None:
                     self._log("info", "client %d connected from %s" % (c.index, peer))
                 return c.index
-        self.stats["clients_rejected"] += 1
+        self.stat_counts[_GS_CLIENTS_REJECTED] += 1
         self.refusal = "the gateway serves at most %d clients" % self.p["max_clients"]
         if peer is not None:
             self.ratelog.warn("too_many_clients", now, "refusing %s: too many clients" % (peer,))
@@ -1283,7 +1295,7 @@ class Gateway:
                     return
             else:
                 c.rx_frames += 1
-                self.stats["frames_in"] += 1
+                self.stat_counts[_GS_FRAMES_IN] += 1
                 self._on_control(c, op, d.buf, d.poff, d.plen)
 
     def closed(self, ci, reason=""):
@@ -1326,13 +1338,13 @@ class Gateway:
             if c.state == _S_CLOSING:
                 continue
             if c.full_ms >= 0 and now - c.full_ms >= self.p["slow_client_timeout"] * 1000:
-                self.stats["closed_slow"] += 1
+                self.stat_counts[_GS_CLOSED_SLOW] += 1
                 self._close(c, "send queue full for %d s without a frame read (slow client)"
                             % self.p["slow_client_timeout"])
                 c.close_ms = now - _CLOSE_FLUSH_MS  # nothing it would read: close at once
             elif c.rx_start_ms >= 0 and not c.blocked and \
                     now - c.rx_start_ms >= self.p["frame_timeout"] * 1000:
-                self.stats["closed_frame_timeout"] += 1
+                self.stat_counts[_GS_CLOSED_FRAME_TIMEOUT] += 1
                 self._error(c, None, "protocol_error", "frame not complete %d s after its first "
                             "byte" % self.p["frame_timeout"])
                 self._close(c, "frame not complete %d s after its first byte (dribbling client)"
@@ -1428,8 +1440,8 @@ class Gateway:
             elif self.n_blocked > 0 or not room(n - 4):
                 return True
         c.rx_frames += 1
-        stats = self.stats
-        stats["frames_in"] += 1
+        stats = self.stat_counts
+        stats[_GS_FRAMES_IN] += 1
         if c.state != S_READY:
             self._error(c, None, "hello_required", "PUBLISH before HELLO")
             return False
@@ -1442,10 +1454,10 @@ class Gateway:
             if c.should_report("unknown_id", pid, self.now):
                 self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
             return False
-        stats["publish_in"] += 1
+        stats[_GS_PUBLISH_IN] += 1
         slot = c.pub_slot[i]
         if not self.ros_ready:
-            stats["dropped_no_ros"] += 1
+            stats[_GS_DROPPED_NO_ROS] += 1
             c.dropped += 1
             return False
         if n - 4 > self.ros_max_message:
@@ -1561,7 +1573,7 @@ class Gateway:
         why = self.policy.topic_refusal(topic)
         if why is None:
             return False
-        self.stats["topics_denied"] += 1
+        self.stat_counts[_GS_TOPICS_DENIED] += 1
         self._error(c, id_, "topic_denied", why)
         return True
 
@@ -1624,10 +1636,10 @@ class Gateway:
     def _send(self, c, op, payload):
         if c.queue.push_control(op, payload):
             c.tx_frames += 1
-            self.stats["frames_out"] += 1
+            self.stat_counts[_GS_FRAMES_OUT] += 1
         else:
             c.dropped += 1
-            self.stats["dropped_queue"] += 1
+            self.stat_counts[_GS_DROPPED_QUEUE] += 1
 
     def _send_json(self, c, op, obj):
         self._send(c, op, json.dumps(obj).encode())
@@ -1638,9 +1650,9 @@ class Gateway:
             # (a flood of bad frames must cost O(1) each, never a log line each).
             c.queue.full = True
             c.dropped += 1
-            self.stats["dropped_queue"] += 1
+            self.stat_counts[_GS_DROPPED_QUEUE] += 1
             return
-        self.stats["errors_sent"] += 1
+        self.stat_counts[_GS_ERRORS_SENT] += 1
         self.ratelog.warn(code, self.now, "client %d: ERROR %s (id %s): %r"
                           % (c.index, code, id_, message))
         self._send_json(c, OP_ERROR, {"id": id_, "code": code, "message": message})
@@ -1763,10 +1775,10 @@ class Gateway:
                 if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n,
                                         not c.sub_reliable[j]):
                     c.tx_frames += 1
-                    self.stats["message_out"] += 1
+                    self.stat_counts[_GS_MESSAGE_OUT] += 1
                 else:
                     c.dropped += 1
-                    self.stats["dropped_queue"] += 1
+                    self.stat_counts[_GS_DROPPED_QUEUE] += 1
                 left -= 1
                 j = next_held(ids, c.sub_slot, slot, j + 1) if left > 0 else -1
 
@@ -1780,7 +1792,11 @@ class Gateway:
 
     # -- statistics --------------------------------------------------------------------------
     def counters(self):
-        s = dict(self.stats)
+        names = _GW_STATS.split()
+        n = _GS_N if self.policy is not None else _GS_N_PLAIN
+        s = {}
+        for i in range(n):
+            s[names[i]] = self.stat_counts[i]
         s["clients"] = self.active_clients()
         s["pub_topics"] = self.pubs.used()
         s["sub_topics"] = self.subs.used()

@@ -220,7 +220,7 @@ def test_the_throttle_path_allocates_nothing():
         grew = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
         assert grew <= 1024, grew
-    assert gw.stats["message_out"] == 5100 // 20  # t = 0, 20 (19), ..., 5080 (5079)
+    assert gw.counters()["message_out"] == 5100 // 20  # t = 0, 20 (19), ..., 5080 (5079)
 
 
 def test_memory_budget_counts_the_holding_buffers():
