@@ -966,10 +966,9 @@ class ClientSession:
         self.counts_sent_ms = -_SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.close_ms = 0
-        # unknown_id / message_too_large repeat suppression: a small ring of (code, id, time).
-        self.err_code = [None] * 8  # type: list
-        self.err_id = [0] * 8
-        self.err_ms = [0] * 8
+        # unknown_id / message_too_large repeat suppression: a small ring of 8 (code, id, time)
+        # entries, flat in one list (errs[3k], errs[3k + 1], errs[3k + 2]): one object, not three
+        self.errs = [None, 0, 0] * 8  # type: list
         self.err_next = 0
         # counters
         self.rx_frames = 0
@@ -987,8 +986,8 @@ class ClientSession:
             self.sub_id[i] = -1
         for i in range(len(self.sub_refs)):
             self.sub_refs[i] = 0
-        for i in range(len(self.err_code)):
-            self.err_code[i] = None
+        for i in range(0, len(self.errs), 3):
+            self.errs[i] = None
         self.name = ""
         self.host = None
         self.rx_start_ms = self.full_ms = -1
@@ -1016,17 +1015,18 @@ class ClientSession:
 
     def should_report(self, code, id_, now):
         """Rate limit: False if (code, id) was reported less than _ERROR_REPEAT_MS ago."""
-        for k in range(len(self.err_code)):
-            if self.err_code[k] == code and self.err_id[k] == id_:
-                if now - self.err_ms[k] < _ERROR_REPEAT_MS:
+        e = self.errs
+        for k in range(0, len(e), 3):
+            if e[k] == code and e[k + 1] == id_:
+                if now - e[k + 2] < _ERROR_REPEAT_MS:
                     return False
-                self.err_ms[k] = now
+                e[k + 2] = now
                 return True
         k = self.err_next
-        self.err_next = (k + 1) % len(self.err_code)
-        self.err_code[k] = code
-        self.err_id[k] = id_
-        self.err_ms[k] = now
+        self.err_next = (k + 3) % len(e)
+        e[k] = code
+        e[k + 1] = id_
+        e[k + 2] = now
         return True
 
 
@@ -1378,8 +1378,8 @@ class Gateway:
                 c.rx_start_ms -= d
             if c.full_ms >= 0:
                 c.full_ms -= d
-            for k in range(len(c.err_ms)):
-                c.err_ms[k] -= d
+            for k in range(2, len(c.errs), 3):
+                c.errs[k] -= d
         self.ratelog.rebase(d)
 
     def next_deadline(self, now):
