@@ -68,7 +68,7 @@ r = gateway.boot(sys.argv[1:], None)
 gateway = None
 run.unload("ports.micropython.gateway")
 u()
-lp = run.build(r[0], r[1], r[2], r[3], r[4])
+lp = run.build(r[0], r[1], r[3], r[4])
 u()
 run.forget_start_up()
 u()

@@ -73,7 +73,7 @@ def unload(name):
         delattr(parent, attr)
 
 
-def build(opts, profile, budget, io, log):
+def build(opts, profile, io, log):
     """The second half of start-up: the link, the Gateway and the GatewayLoop, listening."""
     ros, drv = mlink.open_gateway_link(
         io, opts["link"], baud=opts["baud"], mtu=opts["link_mtu"],
@@ -87,7 +87,6 @@ def build(opts, profile, budget, io, log):
         gw.set_policy(opts["policy"])
     loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,
                        stats_ms=opts["stats_ms"])
-    loop.budget = budget
     log("info", "UBRB gateway %s listening on %s:%d, link %s"
         % (core.VERSION, loop.listen_addr[0], loop.listen_addr[1], opts["link"]))
     return loop
@@ -113,7 +112,7 @@ def main(argv=None, io=None):
     unload("config")
     heap()
     try:
-        loop = build(opts, profile, budget, io, log)
+        loop = build(opts, profile, io, log)
     except ValueError as e:
         return fail(2, e)
     except OSError as e:
