@@ -766,7 +766,7 @@ class SlotTable:
         self.type = [None] * size  # type: list
         self.qos = [None] * size  # type: list
         self.reliable = bytearray(size)
-        self.refs = [0] * size
+        self.refs = array("i", bytes(4 * size))  # an array: half a list's heap or less
         self.count = [-1] * size  # subscriber count of a pub slot; -1 = not reported yet
         # Freed while the ROS side was unreachable: its release is still owed to the ROS side.
         self.stale = bytearray(size)
@@ -2710,7 +2710,8 @@ class LinkSession:
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
         self.be_tag = bytearray(6)
-        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its newest record
+        self.be_last = array("i", [-1] * (max_slots + 1))  # per slot: ring position of its
+        # newest record (-1: none)
         # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
         # set_depth) and how many do (live, not started)
         self.be_depth = bytearray(b"\x01" * (max_slots + 1))
