@@ -122,6 +122,7 @@ def main(argv=None, io=None):
         return fail(1, "not enough heap for profile %s (%d bytes free after the code): lower the "
                        "limits (--help lists them) or use a board with more RAM"
                     % (opts["profile"], free))
+    opts = None  # the options are in the objects built now (~0.6 KiB as a dict)
     before = heap()[0]
     forget_start_up()
     used, free = heap()
