@@ -34,12 +34,18 @@ START_UP_ONLY = (
     ("ports.micropython.loop", "default_io parse_hostport"),
     ("ports.micropython.run", "build"),
 )
+# ...and what only an active Policy (--allow-clients, --allow-topics, --deny-topics, --throttle)
+# runs while serving: forgotten too when none is given (~1 KiB of bytecode from .mpy files).
+POLICY_ONLY = (
+    ("ubrb_min", "glob_match parse_ip _parse_ip4 peer_address cidr_match"),
+)
 
 
-def forget_start_up():
-    """Drop START_UP_ONLY's names from their modules (see above); how many were there."""
+def forget_start_up(policy=False):
+    """Drop START_UP_ONLY's names from their modules (see above), and POLICY_ONLY's unless the
+    gateway serves with a `policy`; how many were there."""
     n = 0
-    for mod, names in START_UP_ONLY:
+    for mod, names in START_UP_ONLY + (() if policy else POLICY_ONLY):
         m = sys.modules.get(mod)
         for name in names.split():
             if m is not None and name in m.__dict__:
@@ -124,7 +130,7 @@ def main(argv=None, io=None):
                     % (opts["profile"], free))
     opts = None  # the options are in the objects built now (~0.6 KiB as a dict)
     before = heap()[0]
-    forget_start_up()
+    forget_start_up(loop.gw.policy is not None)
     used, free = heap()
     code -= before - used  # the start-up code just freed is not part of what stays loaded
     line = "memory: budget %s + code %s = %s; heap after start-up: %%d bytes used, %%d free" % (
