@@ -5,6 +5,7 @@ import ubrb_min as L
 from tests.support.clock import VirtualClock
 
 MICROPYTHON_ONLY = {"test_mp_allocation_per_message"}
+CPYTHON_ONLY = {"test_counter_indices_follow_the_names"}  # _LKC_* are inlined on MicroPython
 
 
 class Rng:
@@ -450,6 +451,58 @@ def test_counters_dict():
     c = a.counters()
     for k in ("crc_err", "resync", "retx", "drop_be", "drop_rel_full", "frag_tx", "frag_rx"):
         assert k in c
+
+
+def test_counters_read_by_name():
+    # The counters live in one list (LinkSession.counts); c_<name> still reads each one.
+    a = sess(True, 1)
+    b = sess(False, 2)
+    b.feed(b"\x00\x01\x02", 0, 3, 0)  # noise before any frame
+    p = Pair(a, b)
+    p.up()
+    c = b.counters()
+    names = L._LK_COUNTERS.split()
+    assert len(b.counts) == len(names)
+    for k in names:
+        assert getattr(b, "c_" + k) == c[k], k
+    assert b.c_noise == 3 and b.c_hello_rx >= 1 and a.c_up == 1
+    for bad in ("c_no_such_counter", "no_such_attribute"):
+        try:
+            getattr(b, bad)
+        except AttributeError:
+            continue
+        raise AssertionError(bad)
+
+
+def test_counter_indices_follow_the_names():
+    names = L._LK_COUNTERS.split()
+    assert [getattr(L, "_LKC_" + k.upper()) for k in names] == list(range(len(names)))
+    assert L._LK_N_COUNTERS == len(names)
+    assert list(sess(True, 1).counters())[:len(names)] == names  # counters() keeps its order
+
+
+def test_a_full_window_in_flight_with_loss():
+    # The frame table has one entry per frame of the largest window (_LK_WMAX = 32): a peer
+    # advertising it gets 32 frames in flight, and go-back-N over lost ones still delivers
+    # every record once, in order.
+    rng = Rng(7)
+    a = sess(True, 1, datagram=True, max_frame=128)
+    b = sess(False, 2, datagram=True, max_frame=128, window=32)
+    p = Pair(a, b, lambda data, d: [] if rng.next(100) < 3 else [data])
+    p.up()
+    assert a.peer_window == 32
+    N = 400
+    sent = most = 0
+    for _ in range(20000):
+        while sent < N and a.send(L.LK_T_PUB, 1, rel_payload(sent, 90), 0, 90, True) == L.LK_OK:
+            sent += 1
+        p.step(1, budget=8)
+        most = max(most, (a.nxt - a.una) & 255)
+        if len(b.handler.msgs) >= N:
+            break
+    assert most == 32
+    assert [m[2] for m in b.handler.msgs] == [rel_payload(i, 90) for i in range(N)]
+    assert a.c_retx > 0
 
 
 def test_mp_allocation_per_message():
