@@ -5,7 +5,6 @@ import ubrb_min as L
 from tests.support.clock import VirtualClock
 
 MICROPYTHON_ONLY = {"test_mp_allocation_per_message"}
-CPYTHON_ONLY = {"test_counter_indices_follow_the_names"}  # _LKC_* are inlined on MicroPython
 
 
 class Rng:
@@ -451,34 +450,6 @@ def test_counters_dict():
     c = a.counters()
     for k in ("crc_err", "resync", "retx", "drop_be", "drop_rel_full", "frag_tx", "frag_rx"):
         assert k in c
-
-
-def test_counters_read_by_name():
-    # The counters live in one list (LinkSession.counts); c_<name> still reads each one.
-    a = sess(True, 1)
-    b = sess(False, 2)
-    b.feed(b"\x00\x01\x02", 0, 3, 0)  # noise before any frame
-    p = Pair(a, b)
-    p.up()
-    c = b.counters()
-    names = L._LK_COUNTERS.split()
-    assert len(b.counts) == len(names)
-    for k in names:
-        assert getattr(b, "c_" + k) == c[k], k
-    assert b.c_noise == 3 and b.c_hello_rx >= 1 and a.c_up == 1
-    for bad in ("c_no_such_counter", "no_such_attribute"):
-        try:
-            getattr(b, bad)
-        except AttributeError:
-            continue
-        raise AssertionError(bad)
-
-
-def test_counter_indices_follow_the_names():
-    names = L._LK_COUNTERS.split()
-    assert [getattr(L, "_LKC_" + k.upper()) for k in names] == list(range(len(names)))
-    assert L._LK_N_COUNTERS == len(names)
-    assert list(sess(True, 1).counters())[:len(names)] == names  # counters() keeps its order
 
 
 def test_a_full_window_in_flight_with_loss():
