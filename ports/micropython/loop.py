@@ -182,7 +182,6 @@ class GatewayLoop:
         self.stats_ms = stats_ms
         self.stats_at = now + stats_ms
         self.poll_ms = _POLL_MS  # longest wait in poll(); tests on a fake clock set 0
-        self.budget = 0  # the worst-case memory budget start-up computed (printed by run.py)
         self.link_stream = None
         if link is not None and link.stream is not None:
             try:

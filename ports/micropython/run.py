@@ -34,12 +34,18 @@ START_UP_ONLY = (
     ("ports.micropython.loop", "default_io parse_hostport"),
     ("ports.micropython.run", "build"),
 )
+# ...and what only an active Policy (--allow-clients, --allow-topics, --deny-topics, --throttle)
+# runs while serving: forgotten too when none is given (~1 KiB of bytecode from .mpy files).
+POLICY_ONLY = (
+    ("ubrb_min", "glob_match parse_ip _parse_ip4 peer_address cidr_match"),
+)
 
 
-def forget_start_up():
-    """Drop START_UP_ONLY's names from their modules (see above); how many were there."""
+def forget_start_up(policy=False):
+    """Drop START_UP_ONLY's names from their modules (see above), and POLICY_ONLY's unless the
+    gateway serves with a `policy`; how many were there."""
     n = 0
-    for mod, names in START_UP_ONLY:
+    for mod, names in START_UP_ONLY + (() if policy else POLICY_ONLY):
         m = sys.modules.get(mod)
         for name in names.split():
             if m is not None and name in m.__dict__:
@@ -73,7 +79,7 @@ def unload(name):
         delattr(parent, attr)
 
 
-def build(opts, profile, budget, io, log):
+def build(opts, profile, io, log):
     """The second half of start-up: the link, the Gateway and the GatewayLoop, listening."""
     ros, drv = mlink.open_gateway_link(
         io, opts["link"], baud=opts["baud"], mtu=opts["link_mtu"],
@@ -87,7 +93,6 @@ def build(opts, profile, budget, io, log):
         gw.set_policy(opts["policy"])
     loop = GatewayLoop(gw, parse_hostport(opts["listen"]), link=drv, ros=ros, io=io, log=log,
                        stats_ms=opts["stats_ms"])
-    loop.budget = budget
     log("info", "UBRB gateway %s listening on %s:%d, link %s"
         % (core.VERSION, loop.listen_addr[0], loop.listen_addr[1], opts["link"]))
     return loop
@@ -107,9 +112,13 @@ def main(argv=None, io=None):
         return first
     opts, profile, budget, io, log = first
     first = None
+    # config.py (the options and Wi-Fi credentials boot() read) has done its job too: compiled
+    # from source on the board, its module is ~1 KiB of heap
+    io.config = None
+    unload("config")
     heap()
     try:
-        loop = build(opts, profile, budget, io, log)
+        loop = build(opts, profile, io, log)
     except ValueError as e:
         return fail(2, e)
     except OSError as e:
@@ -119,8 +128,9 @@ def main(argv=None, io=None):
         return fail(1, "not enough heap for profile %s (%d bytes free after the code): lower the "
                        "limits (--help lists them) or use a board with more RAM"
                     % (opts["profile"], free))
+    opts = None  # the options are in the objects built now (~0.6 KiB as a dict)
     before = heap()[0]
-    forget_start_up()
+    forget_start_up(loop.gw.policy is not None)
     used, free = heap()
     code -= before - used  # the start-up code just freed is not part of what stays loaded
     line = "memory: budget %s + code %s = %s; heap after start-up: %%d bytes used, %%d free" % (

@@ -74,7 +74,7 @@ def test_relaying_10000_publish_and_message_frames_allocates_nothing():
 
     grown = measure(run)
     assert ros.published == N + 100
-    assert gw.stats["message_out"] == N + 100
+    assert gw.counters()["message_out"] == N + 100
     assert ros.last_len == 200 and ros.last[199] == 199
     # MicroPython: exactly nothing. CPython: tracemalloc's own bookkeeping of the first frames
     # costs a few hundred bytes once; a per-relay allocation kept alive would be >= 10,000 bytes.

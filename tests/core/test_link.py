@@ -452,6 +452,30 @@ def test_counters_dict():
         assert k in c
 
 
+def test_a_full_window_in_flight_with_loss():
+    # The frame table has one entry per frame of the largest window (_LK_WMAX = 32): a peer
+    # advertising it gets 32 frames in flight, and go-back-N over lost ones still delivers
+    # every record once, in order.
+    rng = Rng(7)
+    a = sess(True, 1, datagram=True, max_frame=128)
+    b = sess(False, 2, datagram=True, max_frame=128, window=32)
+    p = Pair(a, b, lambda data, d: [] if rng.next(100) < 3 else [data])
+    p.up()
+    assert a.peer_window == 32
+    N = 400
+    sent = most = 0
+    for _ in range(20000):
+        while sent < N and a.send(L.LK_T_PUB, 1, rel_payload(sent, 90), 0, 90, True) == L.LK_OK:
+            sent += 1
+        p.step(1, budget=8)
+        most = max(most, (a.nxt - a.una) & 255)
+        if len(b.handler.msgs) >= N:
+            break
+    assert most == 32
+    assert [m[2] for m in b.handler.msgs] == [rel_payload(i, 90) for i in range(N)]
+    assert a.c_retx > 0
+
+
 def test_mp_allocation_per_message():
     # measure (and bound) heap use per relayed message on MicroPython: see docs/LINK.md
     import gc

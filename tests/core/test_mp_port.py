@@ -238,7 +238,7 @@ def test_hello_advertise_publish_reach_the_companion():
     calls = rig.comp.ros.calls
     assert ("advertise", 0, "/chatter", "std_msgs/msg/String") in calls
     assert ("publish", 0, b"\x00\x01\x00\x00hello", True) in calls
-    assert rig.gw.stats["publish_in"] == 1
+    assert rig.gw.counters()["publish_in"] == 1
 
 
 def test_message_from_the_companion_reaches_the_client():
@@ -676,7 +676,7 @@ def test_client_relay_through_the_port_allocates_nothing():
     finally:
         gc.enable()
     assert ros.published == 2 * N + 100
-    assert gw.stats["message_out"] == 2 * N + 100
+    assert gw.counters()["message_out"] == 2 * N + 100
     print("port relay: %d bytes over %d whole-frame relays; %d bytes over %d split ones "
           "(%.1f per continued read)" % (whole, N, split, N, split / N))
     assert whole == 0, whole
@@ -725,7 +725,7 @@ def test_link_relay_allocation_per_message():
     finally:
         gc.enable()
     assert comp.ros.published - published == N
-    assert rig.gw.stats["message_out"] >= N
+    assert rig.gw.counters()["message_out"] >= N
     tx = rig.drv.s.c_tx_frames - tx0
     per = gw_bytes / N
     print("link relay, gateway side: %d bytes over %d PUBLISH + %d MESSAGE, %d frames sent "
@@ -765,13 +765,14 @@ def test_allow_lists_and_throttle_flags_on_the_micropython_port():
 
 
 def test_every_start_up_only_name_exists():
-    # run.py's START_UP_ONLY: what the board forgets once the gateway is built (its code freed).
+    # run.py's START_UP_ONLY (and POLICY_ONLY): what the board forgets once the gateway is built
+    # (its code freed).
     # A listed name renamed or removed in its module would silently stay loaded.
     import sys
 
     from ports.micropython import run
 
-    for mod, names in run.START_UP_ONLY:
+    for mod, names in run.START_UP_ONLY + run.POLICY_ONLY:
         m = sys.modules[mod]
         for name in names.split():
             assert name in m.__dict__, (mod, name)

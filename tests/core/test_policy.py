@@ -7,6 +7,8 @@ import ubrb_min as U
 from scripted import Client, ScriptedRos, profile
 from tests.support.ubrb_frames import advertise, hello, subscribe
 
+CPYTHON_ONLY = {"test_gateway_counter_indices_follow_the_names"}  # _GS_* inlined on MicroPython
+
 
 def policy_gateway(**opts):
     ros = ScriptedRos()
@@ -220,7 +222,7 @@ def test_the_throttle_path_allocates_nothing():
         grew = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
         assert grew <= 1024, grew
-    assert gw.stats["message_out"] == 5100 // 20  # t = 0, 20 (19), ..., 5080 (5079)
+    assert gw.counters()["message_out"] == 5100 // 20  # t = 0, 20 (19), ..., 5080 (5079)
 
 
 def test_memory_budget_counts_the_holding_buffers():
@@ -229,3 +231,27 @@ def test_memory_budget_counts_the_holding_buffers():
     assert b["throttle"] == p["max_throttled"] * p["max_payload"] == 8 * 4 * U.MIB
     assert b["total"] == b["clients"] + b["slots"] + b["throttle"]
     assert "throttle holding buffers: 8 x 4.0 MiB" in U.format_budget("pi", p)
+
+
+GATEWAY_COUNTERS = [
+    "clients_accepted", "clients_rejected", "frames_in", "frames_out", "publish_in", "message_out",
+    "dropped_no_ros", "dropped_queue", "evicted", "errors_sent", "rejected_per_address",
+    "closed_slow", "closed_frame_timeout", "clients", "pub_topics", "sub_topics", "queue_refused",
+    "queued_bytes", "ros_ready"]
+
+
+def test_gateway_counters_keep_their_names_and_add_the_policy_ones_with_a_policy():
+    # The Gateway's counters live in one list (Gateway.stat_counts, by the _GS_* indices of
+    # _GW_STATS); counters() reports them by the names users read.
+    gw = U.Gateway(profile(), ros=ScriptedRos())
+    assert sorted(gw.counters()) == sorted(GATEWAY_COUNTERS)
+    pgw, _ = policy_gateway(deny_topics="/secret")
+    assert sorted(pgw.counters()) == sorted(GATEWAY_COUNTERS + [
+        "clients_refused_address", "topics_denied"])
+
+
+def test_gateway_counter_indices_follow_the_names():
+    names = U._GW_STATS.split()
+    assert [getattr(U, "_GS_" + k.upper()) for k in names] == list(range(len(names)))
+    assert U._GS_N == len(names) and U._GS_N_PLAIN == names.index("clients_refused_address")
+    assert list(U.Gateway(profile(), ros=ScriptedRos()).counters()) == GATEWAY_COUNTERS  # order
