@@ -2774,8 +2774,18 @@ class LinkSession:
             return LK_TOO_LARGE
         hb = self.rec_header
         hb[0] = t
-        h = _lk_putvar(hb, 1, slot)
-        h = _lk_putvar(hb, h, n)
+        if slot < 0x80 and n < 0x4000:       # the usual header, written inline: 3 or 4 bytes
+            hb[1] = slot
+            if n < 0x80:
+                hb[2] = n
+                h = 3
+            else:
+                hb[2] = (n & 0x7F) | 0x80
+                hb[3] = n >> 7
+                h = 4
+        else:
+            h = _lk_putvar(hb, 1, slot)
+            h = _lk_putvar(hb, h, n)
         need = h + n
         if n + h > self.peer_max_frame - self.ovh:
             self.c_frag_tx += 1
@@ -2788,11 +2798,20 @@ class LinkSession:
             pos = self.rel_head + self.rel_queued
             if pos >= cap:
                 pos -= cap
-            _lk_ring_put(self.rel, pos, hb, 0, h)
-            pos += h
-            if pos >= cap:
-                pos -= cap
-            _lk_ring_put(self.rel, pos, buf, off, n)
+            if pos + need <= cap and h <= 4:  # the usual case, no wrap: a short header byte
+                rel = self.rel                # by byte (a copy call costs more), one copy
+                rel[pos] = t
+                rel[pos + 1] = hb[1]
+                rel[pos + 2] = hb[2]
+                if h == 4:
+                    rel[pos + 3] = hb[3]
+                copy_into(rel, pos + h, buf, off, n)
+            else:
+                _lk_ring_put(self.rel, pos, hb, 0, h)
+                pos += h
+                if pos >= cap:
+                    pos -= cap
+                _lk_ring_put(self.rel, pos, buf, off, n)
             self.rel_queued += need
             return LK_OK
         if self.state != LINK_UP:
@@ -3450,6 +3469,32 @@ class LinkSession:
     def _rel_body(self, b, p, end):
         # the reliable channel is a byte stream of records: they may span frames
         while p < end:
+            if end - p >= _LK_RHDR_MAX and self.rec_have == 0 and self.skip == 0:
+                # The common record, parsed inline (no call per varint): a whole header here,
+                # slot < 128, length < 2**21 and allowed. Anything else takes the general path.
+                s = b[p + 1]
+                q = p + 3
+                n = b[p + 2]
+                if n >= 0x80:
+                    n = (n & 0x7F) | (b[q] << 7)
+                    q += 1
+                    if n >= 0x4000:              # the second byte has a third after it
+                        n = (n & 0x3FFF) | (b[q] << 14)
+                        q += 1
+                if s < 0x80 and n < 0x200000 and n <= self.max_message:
+                    if q + n <= end:             # whole record here: no copy
+                        self.handler.link_message(b[p], s, b, q, n, True)
+                        p = q + n
+                        continue
+                    k = end - p                  # it goes on in the next frame(s)
+                    copy_into(self.rec_buf, 0, b, p, k)
+                    self.rec_type = b[p]
+                    self.rec_slot = s
+                    self.rec_length = n
+                    self.rec_header_have = q - p
+                    self.rec_need = q - p + n
+                    self.rec_have = k
+                    return
             if self.skip > 0:
                 k = end - p
                 if k > self.skip:
