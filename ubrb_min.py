@@ -1416,16 +1416,30 @@ class Gateway:
         Anything refused or dropped below never waits. One publisher lookup serves both."""
         i = -1
         if c.state == S_READY and n >= 4 and buf[off + 3] < 0x40:  # ids >= 2**30: never
-            i = c.find_pub(get_u32(buf, off))                      # advertised (_parse_id)
-        room = self.ros_room
-        if i >= 0 and room is not None and self.pubs.reliable[c.pub_slot[i]] and \
-                self.ros_ready and n - 4 <= self.ros_max_message:
-            if self.pass_ci == c.index:  # its turn (see _resume)
-                if not room(n - 4):
-                    return True
-                self.pass_ci = -1
-            elif self.n_blocked > 0 or not room(n - 4):
-                return True
+            i = c.find_pub(buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16) |
+                           (buf[off + 3] << 24))                   # advertised (_parse_id)
+            if i >= 0 and self.ros_ready and n - 4 <= self.ros_max_message:
+                # the data path (a known publisher, a ROS side that takes it): the checks
+                # below all pass, so only the backpressure and the relay are left
+                slot = c.pub_slot[i]
+                rel = self.pubs.reliable[slot]
+                room = self.ros_room
+                if rel and room is not None:
+                    if self.pass_ci == c.index:  # its turn (see _resume)
+                        if not room(n - 4):
+                            return True
+                        self.pass_ci = -1
+                    elif self.n_blocked > 0 or not room(n - 4):
+                        return True
+                c.rx_frames += 1
+                stats = self.stats
+                stats["frames_in"] += 1
+                stats["publish_in"] += 1
+                self.publishing = c.index
+                self.ros.publish(slot, buf, off + 4, n - 4, rel)
+                self.publishing = -1
+                return False
+        # refused or dropped below: never waits
         c.rx_frames += 1
         stats = self.stats
         stats["frames_in"] += 1
@@ -1442,26 +1456,20 @@ class Gateway:
                 self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
             return False
         stats["publish_in"] += 1
-        slot = c.pub_slot[i]
         if not self.ros_ready:
             stats["dropped_no_ros"] += 1
             c.dropped += 1
             return False
-        if n - 4 > self.ros_max_message:
-            c.dropped += 1
-            pid = c.pub_id[i]
-            if c.should_report("message_too_large", pid, self.now):
-                self._error(
-                    c,
-                    pid,
-                    "message_too_large",
-                    "message of %d bytes exceeds the %d bytes the ROS side accepts"
-                    % (n - 4, self.ros_max_message),
-                )
-            return False
-        self.publishing = c.index
-        self.ros.publish(slot, buf, off + 4, n - 4, self.pubs.reliable[slot])
-        self.publishing = -1
+        c.dropped += 1                  # too large (the data path above took the rest)
+        pid = c.pub_id[i]
+        if c.should_report("message_too_large", pid, self.now):
+            self._error(
+                c,
+                pid,
+                "message_too_large",
+                "message of %d bytes exceeds the %d bytes the ROS side accepts"
+                % (n - 4, self.ros_max_message),
+            )
         return False
 
     def _on_control(self, c, op, buf, off, n):
