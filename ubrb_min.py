@@ -3064,7 +3064,11 @@ class LinkSession:
             self.c_retx += 1
             n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
-        _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, self.frame_off[i], n)
+        pos = self.frame_off[i]
+        if pos + n <= len(self.rel):         # no wrap (the usual case): one copy, no call
+            copy_into(self.tx_buf, _LK_HDR, self.rel, pos, n)
+        else:
+            _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, pos, n)
         self.frame_sent_at[i] = now
         self.snd = (s + 1) & 255
         return self._seal(L, self.seed, now)
@@ -3233,9 +3237,11 @@ class LinkSession:
             self.c_stale += 1
             return
         self.last_rx = now
-        self._on_ack(b[p + 7], ctl & _LK_NAK, now)
-        if self.state != LINK_UP:         # the ack told of a desync
-            return
+        a = b[p + 7]
+        if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0:  # else: nothing to do
+            self._on_ack(a, ctl & _LK_NAK, now)
+            if self.state != LINK_UP:     # the ack told of a desync
+                return
         seq = b[p + 6]
         end = p + L - 4 - self.tag
         if kind == LK_REL:
