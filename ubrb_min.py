@@ -1430,16 +1430,30 @@ class Gateway:
         Anything refused or dropped below never waits. One publisher lookup serves both."""
         i = -1
         if c.state == S_READY and n >= 4 and buf[off + 3] < 0x40:  # ids >= 2**30: never
-            i = c.find_pub(get_u32(buf, off))                      # advertised (_parse_id)
-        room = self.ros_room
-        if i >= 0 and room is not None and self.pubs.reliable[c.pub_slot[i]] and \
-                self.ros_ready and n - 4 <= self.ros_max_message:
-            if self.pass_ci == c.index:  # its turn (see _resume)
-                if not room(n - 4):
-                    return True
-                self.pass_ci = -1
-            elif self.n_blocked > 0 or not room(n - 4):
-                return True
+            i = c.find_pub(buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16) |
+                           (buf[off + 3] << 24))                   # advertised (_parse_id)
+            if i >= 0 and self.ros_ready and n - 4 <= self.ros_max_message:
+                # the data path (a known publisher, a ROS side that takes it): the checks
+                # below all pass, so only the backpressure and the relay are left
+                slot = c.pub_slot[i]
+                rel = self.pubs.reliable[slot]
+                room = self.ros_room
+                if rel and room is not None:
+                    if self.pass_ci == c.index:  # its turn (see _resume)
+                        if not room(n - 4):
+                            return True
+                        self.pass_ci = -1
+                    elif self.n_blocked > 0 or not room(n - 4):
+                        return True
+                c.rx_frames += 1
+                stats = self.stat_counts
+                stats[_GS_FRAMES_IN] += 1
+                stats[_GS_PUBLISH_IN] += 1
+                self.publishing = c.index
+                self.ros.publish(slot, buf, off + 4, n - 4, rel)
+                self.publishing = -1
+                return False
+        # refused or dropped below: never waits
         c.rx_frames += 1
         stats = self.stat_counts
         stats[_GS_FRAMES_IN] += 1
@@ -1456,26 +1470,20 @@ class Gateway:
                 self._error(c, pid, "unknown_id", "PUBLISH for an id not advertised on this connection")
             return False
         stats[_GS_PUBLISH_IN] += 1
-        slot = c.pub_slot[i]
         if not self.ros_ready:
             stats[_GS_DROPPED_NO_ROS] += 1
             c.dropped += 1
             return False
-        if n - 4 > self.ros_max_message:
-            c.dropped += 1
-            pid = c.pub_id[i]
-            if c.should_report("message_too_large", pid, self.now):
-                self._error(
-                    c,
-                    pid,
-                    "message_too_large",
-                    "message of %d bytes exceeds the %d bytes the ROS side accepts"
-                    % (n - 4, self.ros_max_message),
-                )
-            return False
-        self.publishing = c.index
-        self.ros.publish(slot, buf, off + 4, n - 4, self.pubs.reliable[slot])
-        self.publishing = -1
+        c.dropped += 1                  # too large (the data path above took the rest)
+        pid = c.pub_id[i]
+        if c.should_report("message_too_large", pid, self.now):
+            self._error(
+                c,
+                pid,
+                "message_too_large",
+                "message of %d bytes exceeds the %d bytes the ROS side accepts"
+                % (n - 4, self.ros_max_message),
+            )
         return False
 
     def _on_control(self, c, op, buf, off, n):
@@ -2795,8 +2803,18 @@ class LinkSession:
             return LK_TOO_LARGE
         hb = self.rec_header
         hb[0] = t
-        h = _lk_putvar(hb, 1, slot)
-        h = _lk_putvar(hb, h, n)
+        if slot < 0x80 and n < 0x4000:       # the usual header, written inline: 3 or 4 bytes
+            hb[1] = slot
+            if n < 0x80:
+                hb[2] = n
+                h = 3
+            else:
+                hb[2] = (n & 0x7F) | 0x80
+                hb[3] = n >> 7
+                h = 4
+        else:
+            h = _lk_putvar(hb, 1, slot)
+            h = _lk_putvar(hb, h, n)
         need = h + n
         if n + h > self.peer_max_frame - self.ovh:
             self.c_frag_tx += 1
@@ -2809,11 +2827,20 @@ class LinkSession:
             pos = self.rel_head + self.rel_queued
             if pos >= cap:
                 pos -= cap
-            _lk_ring_put(self.rel, pos, hb, 0, h)
-            pos += h
-            if pos >= cap:
-                pos -= cap
-            _lk_ring_put(self.rel, pos, buf, off, n)
+            if pos + need <= cap and h <= 4:  # the usual case, no wrap: a short header byte
+                rel = self.rel                # by byte (a copy call costs more), one copy
+                rel[pos] = t
+                rel[pos + 1] = hb[1]
+                rel[pos + 2] = hb[2]
+                if h == 4:
+                    rel[pos + 3] = hb[3]
+                copy_into(rel, pos + h, buf, off, n)
+            else:
+                _lk_ring_put(self.rel, pos, hb, 0, h)
+                pos += h
+                if pos >= cap:
+                    pos -= cap
+                _lk_ring_put(self.rel, pos, buf, off, n)
             self.rel_queued += need
             return LK_OK
         if self.state != LINK_UP:
@@ -3058,7 +3085,11 @@ class LinkSession:
             self.c_retx += 1
             n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
-        _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, self.frame_off[i], n)
+        pos = self.frame_off[i]
+        if pos + n <= len(self.rel):         # no wrap (the usual case): one copy, no call
+            copy_into(self.tx_buf, _LK_HDR, self.rel, pos, n)
+        else:
+            _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, pos, n)
         self.frame_sent_at[i] = now
         self.snd = (s + 1) & 255
         return self._seal(L, self.seed, now)
@@ -3227,9 +3258,11 @@ class LinkSession:
             self.c_stale += 1
             return
         self.last_rx = now
-        self._on_ack(b[p + 7], ctl & _LK_NAK, now)
-        if self.state != LINK_UP:         # the ack told of a desync
-            return
+        a = b[p + 7]
+        if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0:  # else: nothing to do
+            self._on_ack(a, ctl & _LK_NAK, now)
+            if self.state != LINK_UP:     # the ack told of a desync
+                return
         seq = b[p + 6]
         end = p + L - 4 - self.tag
         if kind == LK_REL:
@@ -3471,6 +3504,32 @@ class LinkSession:
     def _rel_body(self, b, p, end):
         # the reliable channel is a byte stream of records: they may span frames
         while p < end:
+            if end - p >= _LK_RHDR_MAX and self.rec_have == 0 and self.skip == 0:
+                # The common record, parsed inline (no call per varint): a whole header here,
+                # slot < 128, length < 2**21 and allowed. Anything else takes the general path.
+                s = b[p + 1]
+                q = p + 3
+                n = b[p + 2]
+                if n >= 0x80:
+                    n = (n & 0x7F) | (b[q] << 7)
+                    q += 1
+                    if n >= 0x4000:              # the second byte has a third after it
+                        n = (n & 0x3FFF) | (b[q] << 14)
+                        q += 1
+                if s < 0x80 and n < 0x200000 and n <= self.max_message:
+                    if q + n <= end:             # whole record here: no copy
+                        self.handler.link_message(b[p], s, b, q, n, True)
+                        p = q + n
+                        continue
+                    k = end - p                  # it goes on in the next frame(s)
+                    copy_into(self.rec_buf, 0, b, p, k)
+                    self.rec_type = b[p]
+                    self.rec_slot = s
+                    self.rec_length = n
+                    self.rec_header_have = q - p
+                    self.rec_need = q - p + n
+                    self.rec_have = k
+                    return
             if self.skip > 0:
                 k = end - p
                 if k > self.skip:

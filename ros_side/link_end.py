@@ -12,6 +12,7 @@ import struct
 import ubrb_min as L
 from ros_side.link_throttle import LinkThrottle
 
+_T_PUB = L.LK_T_PUB  # read per record: a module global, not an attribute of the core module
 PERIOD_MS_MAX = 1 << 30  # a SUB's "period_ms" (--throttle 0.001 Hz is 10^6 ms)
 
 
@@ -93,7 +94,7 @@ class LinkCompanionEnd:
         return True
 
     def link_message(self, t, slot, buf, off, n, reliable):
-        if t == L.LK_T_PUB:
+        if t == _T_PUB:                    # the data path: one compare, then the companion
             self.companion.publish(slot, buf, off, n, reliable)
             return
         if self.owed:

@@ -431,7 +431,8 @@ class DdsBackend:
         w = handle.writer
         if w is None:
             return
-        data = pad_to_4(data)
+        if len(data) & 3:                  # (per message: no call when nothing to pad)
+            data = pad_to_4(data)
         ret = ddspy_write(w._ref, data)
         if ret < 0:
             raise DDSException(ret, "ddspy_write on %s" % handle.topic)
