@@ -25,6 +25,20 @@ def registrations(g: GatewayEnd) -> None:
     g.gw.subs[7] = ("/odom", "nav_msgs/msg/Odometry", QOS_R)
 
 
+
+def stream_in_order(g: GatewayEnd, c: CompanionEnd, w: World, n: int) -> None:
+    """Send `n` reliable 1 KiB records as fast as the gateway end's window takes them; all arrive
+    at the companion end, in order."""
+    sent = 0
+    for _ in range(2000):
+        while sent < n and g.s.rel_room(1024):
+            assert g.s.send(L.LK_T_PUB, 1, payload(sent, 1024), 0, 1024, True) == L.LK_OK
+            sent += 1
+        w.step()
+        if len(c.comp.published.get(1, [])) == n:
+            break
+    assert [seqno(m) for m in c.comp.published.get(1, [])] == list(range(n))
+
 def test_udp_loss_dup_reorder_exactly_once() -> None:
     cport = free_port(socket.SOCK_DGRAM)
     c = CompanionEnd(f"udp://127.0.0.1:{cport}", epoch=2)
@@ -178,16 +192,7 @@ def test_udp_big_mtu_streams_without_retransmissions() -> None:
     w.drivers += [g.d, c.d]
     try:
         assert w.run(3000, until=lambda: bool(g.gw.ups) and len(c.comp.live) == 3)
-        N = 3000
-        sent = 0
-        for _ in range(2000):
-            while sent < N and g.s.rel_room(1024):
-                assert g.s.send(L.LK_T_PUB, 1, payload(sent, 1024), 0, 1024, True) == L.LK_OK
-                sent += 1
-            w.step()
-            if len(c.comp.published.get(1, [])) == N:
-                break
-        assert [seqno(m) for m in c.comp.published.get(1, [])] == list(range(N))
+        stream_in_order(g, c, w, 3000)
         cg = g.d.counters()
         assert (cg["retx"], cg["timeouts"], cg["fast_retx"]) == (0, 0, 0)
         assert c.d.counters()["ooo"] == 0
@@ -264,15 +269,7 @@ def test_udp_gro_reads_several_frames_at_once_and_the_driver_splits_them() -> No
         assert w.run(3000, until=lambda: bool(g.gw.ups) and len(c.comp.live) == 3)
         reads[0] = 0
         rx0 = c.d.counters()["rx_frames"]
-        N, sent = 600, 0
-        for _ in range(2000):
-            while sent < N and g.s.rel_room(1024):
-                assert g.s.send(L.LK_T_PUB, 1, payload(sent, 1024), 0, 1024, True) == L.LK_OK
-                sent += 1
-            w.step()
-            if len(c.comp.published.get(1, [])) == N:
-                break
-        assert [seqno(m) for m in c.comp.published.get(1, [])] == list(range(N))
+        stream_in_order(g, c, w, 600)
         frames = c.d.counters()["rx_frames"] - rx0
         assert reads[0] * 4 <= frames, "%d reads for %d frames" % (reads[0], frames)
         assert g.d.counters()["retx"] == 0
