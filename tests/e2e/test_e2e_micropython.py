@@ -33,8 +33,7 @@ from tests.support.procs import Proc, child_env, wait_for
 
 S = "std_msgs/msg/String"
 # The heap of the chain's gateway: the board heap every MicroPython test uses (>= 32 KiB free
-# after start-up). The chain also passes at 160k, the smallest heap the mcu profile with a UDP link
-# starts in (README, "Memory"); UBRB_MP_E2E_HEAP tries another.
+# after start-up; ports/micropython/README.md, "Memory"); UBRB_MP_E2E_HEAP tries another.
 HEAP = os.environ.get("UBRB_MP_E2E_HEAP", BOARD_HEAP)
 # KeepLast(1000) at the companion's DDS endpoints: a burst from a test replaces no sample
 DEEP = {"reliability": "reliable", "durability": "volatile", "depth": 1000}
