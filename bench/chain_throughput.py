@@ -1,7 +1,8 @@
 """Chain throughput: reliable 1 KiB std_msgs/String PUBLISH frames, as fast as TCP takes them,
-from one client (and from 5 clients in parallel) through the real gateway + UDP link + companion
-(dds backend), counted at an independent cyclonedds reader with a deep reliable queue:
-delivered/s, lost, duplicates, order. In the same run, for comparison:
+from one client process (and from 5 in parallel; chainkit.py ubrb-writer, each building its
+frames as it sends, like a UE world) through the real gateway + UDP link + companion (dds
+backend), counted at an independent cyclonedds reader with a deep reliable queue: delivered/s,
+lost, duplicates, order. In the same run, for comparison:
 
 - a bare cyclonedds-python writer (its own process) -> the same kind of reader: what DDS alone
   does on this machine;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,14 +41,16 @@ from bench import chainkit as K  # noqa: E402
 
 def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: int,
               timeout: float) -> Dict[str, Any]:
-    """``clients`` RawClients each fire ``per_client`` tagged reliable frames at once."""
+    """``clients`` client processes (chainkit.py ubrb-writer, each a UE world's stand-in) each
+    fire ``per_client`` tagged reliable frames at once. Processes, as the bare DDS writer is one:
+    frames built in this process would take the interpreter from the DDS reader that measures."""
     reader = K.dds_reader(topic)
-    cs = [K.RawClient(chain.port, "tp%d" % c) for c in range(clients)]
+    ws = [K.Proc([sys.executable, os.path.join(K.ROOT, "bench", "chainkit.py"), "ubrb-writer",
+                  "--port", str(chain.port), "--topic", topic, "--count", str(per_client),
+                  "--client", str(ci), "--size", str(size)]) for ci in range(clients)]
     try:
-        for c in cs:
-            c.advertise(1, topic, K.QOS_R)
-        for c in cs:
-            c.sync()
+        for w in ws:
+            w.wait_line(r"^ready", 20.0)
         if not K.wait_for(lambda: K.matched(reader) >= 1, 20.0):
             raise RuntimeError("the companion's writer never matched the reader")
         time.sleep(0.3)
@@ -55,14 +59,10 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         rss_max = [rss0]
         procs = {k: p for k, p in (("gateway", chain.gw), ("companion", chain.comp)) if p}
         cpu0 = {k: K.cpu_s(p.pid) for k, p in procs.items()}
+        cpu0_clients = [K.cpu_s(w.pid) for w in ws]
         t0 = time.monotonic()
-        ths = []
-        for ci, c in enumerate(cs):
-            th = threading.Thread(target=c.firehose,
-                                  args=(1, lambda i, ci=ci: K.tagged_cdr(ci, i, size),
-                                        per_client))
-            th.start()
-            ths.append(th)
+        for w in ws:
+            os.kill(w.pid, signal.SIGUSR1)
         total = clients * per_client
         end = t0 + timeout
         last_n, last_t = 0, time.monotonic()
@@ -75,13 +75,13 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
                 break
             if n != last_n:
                 last_n, last_t = n, time.monotonic()
-            elif time.monotonic() - last_t > 3.0 and not any(t.is_alive() for t in ths):
+            elif time.monotonic() - last_t > 3.0 and all("sent " in w.output() for w in ws):
                 break                      # nothing more is coming
-        for th in ths:
-            th.join(timeout)
         got = col.stop()
         r: Dict[str, Any] = K.check_order([d for _, d in got], clients, per_client)
         r["cpu"] = {k: tuple(b - a for a, b in zip(cpu0[k], K.cpu_s(procs[k].pid))) for k in cpu0}
+        used = [tuple(b - a for a, b in zip(c0, K.cpu_s(w.pid))) for c0, w in zip(cpu0_clients, ws)]
+        r["cpu"]["clients"] = (sum(u[0] for u in used), sum(u[1] for u in used))
         if got:
             span = got[-1][0] - t0
             r["span_s"] = span
@@ -89,13 +89,17 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         else:
             r["span_s"] = r["whole_per_s"] = 0.0
         r["per_s"] = K.steady_rate([t for t, _ in got])
-        r["errors"] = sorted({e.get("code", "?") for c in cs for e in c.errors})
-        r["error_frames"] = sum(len(c.errors) for c in cs)
+        codes: List[str] = []
+        for w in ws:
+            w.proc.send_signal(signal.SIGTERM)
+            codes += w.wait_line(r"^errors:(.*)$", 10.0).group(1).split()
+        r["errors"] = sorted(set(codes))
+        r["error_frames"] = len(codes)
         r["rss_growth_kib"] = rss_max[0] - rss0
         return r
     finally:
-        for c in cs:
-            c.close()
+        for w in ws:
+            w.stop()
         reader.__del__()
 
 

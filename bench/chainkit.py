@@ -17,7 +17,9 @@ bytes between the two masters at baud/10 bytes per second in each direction (8N1
 counts them and sorts them into link frames.
 
 Also runnable: ``python bench/chainkit.py dds-writer ...`` is the bare cyclonedds-python writer
-the throughput bench compares the chain with (a separate process, like the companion).
+the throughput bench compares the chain with (a separate process, like the companion), and
+``python bench/chainkit.py ubrb-writer ...`` one UBRB client of the chain (a process of its own
+too, as a UE world is).
 """
 
 from __future__ import annotations
@@ -595,7 +597,42 @@ def _dds_writer_main(argv: List[str]) -> int:
     return 0
 
 
+# -- a UBRB client process (a UE world's stand-in) ----------------------------------------------
+def _ubrb_writer_main(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="chainkit.py ubrb-writer",
+        description="one UBRB client: advertises TOPIC reliable, prints 'ready', and on SIGUSR1 "
+                    "sends COUNT tagged PUBLISH frames back to back, building them as it goes (as "
+                    "the bare DDS writer builds its samples); stays connected until SIGTERM, then "
+                    "prints the ERROR codes it got")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--count", type=int, required=True)
+    ap.add_argument("--client", type=int, default=0, help="the tag's client number")
+    ap.add_argument("--size", type=int, default=1024)
+    a = ap.parse_args(argv)
+    # taken only by sigwait (the reader thread inherits the mask)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    c = RawClient(a.port, "tp%d" % a.client)
+    c.advertise(1, a.topic, QOS_R)
+    if not c.sync():
+        print("no PONG from the gateway", flush=True)
+        return 1
+    print("ready", flush=True)
+    signal.sigwait({signal.SIGUSR1})
+    took = c.firehose(1, lambda i: tagged_cdr(a.client, i, a.size), a.count)
+    print("sent %d in %.3f s" % (a.count, took), flush=True)
+    # connected until told: frames the gateway holds back (backpressure) are still this
+    # connection's, and a close would end them
+    signal.sigwait({signal.SIGTERM})
+    print("errors: %s" % " ".join(str(e.get("code", "?")) for e in c.errors), flush=True)
+    c.close()
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "dds-writer":
         sys.exit(_dds_writer_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "ubrb-writer":
+        sys.exit(_ubrb_writer_main(sys.argv[2:]))
     print(__doc__)
