@@ -8,7 +8,8 @@
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
 #   make deploy-check  the same layout into build/deploy, started under the unix port (174 KiB heap)
-#                   ROMFS=1 with either: the modules as one ROMFS image run in place (firmware with ROMFS)
+#                   ROMFS=1 with either: the modules as one ROMFS image run in place (firmware with
+#                   ROMFS; deploy-check: 128 KiB)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
 #   make latency    round trip through the whole chain, started and stopped for you (LATENCY_ARGS=...)
 #   make link-key   a new link key (32 random bytes, hex) in LINK_KEY (default link.key), mode 0600
@@ -31,7 +32,7 @@ TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tool
 all: test
 
 help:
-	@sed -n '1,14s/^# \{0,1\}//p' Makefile
+	@sed -n '1,15s/^# \{0,1\}//p' Makefile
 
 venv: $(VENV_STAMP)
 
@@ -148,8 +149,9 @@ deploy: venv
 	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ROMFS) $(DEPLOY_ARGS)
 
 # make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
-# with a 174 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: the image mounted at /rom, in 128 KiB,
-# ROMFS_CHECK_HEAP, plus the image's size); >= 32 KiB free after start-up, HELLO and PING over TCP
+# with a 174 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: in exactly 128 KiB, ROMFS_CHECK_HEAP,
+# the image mapped outside the heap as a board's flash and mounted at /rom by tools/romfs_board.py);
+# >= 32 KiB free after start-up, HELLO and PING over TCP
 # (what tests/gateway runs too).
 deploy-check: venv
 	$(VBIN)/python tools/deploy.py check $(DEPLOY_ROMFS) $(DEPLOY_ARGS)

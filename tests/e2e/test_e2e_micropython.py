@@ -1,5 +1,6 @@
 """The whole chain with the board's gateway: UBRB clients -> the MicroPython port (the real unix
-port, the deployed .mpy layout, the board heap of tests/support/mp_unix.py) -> UDP link
+port, the deployed ROMFS layout run in place, the board heap of tests/support/mp_unix.py: 128 KiB,
+the image outside it as in flash) -> UDP link
 on 127.0.0.1 -> the CPython companion (dds backend, a subprocess) -> an independent Cyclone DDS
 reader/writer in this process, and back; the companion killed and restarted mid-stream; heap
 left behind after 10,000 relays."""
@@ -32,8 +33,8 @@ from tests.support.mp_unix import HEAP as BOARD_HEAP, MicroPythonGateway
 from tests.support.procs import Proc, child_env, wait_for
 
 S = "std_msgs/msg/String"
-# The heap of the chain's gateway: the board heap every MicroPython test uses (>= 32 KiB free
-# after start-up; ports/micropython/README.md, "Memory"); UBRB_MP_E2E_HEAP tries another.
+# The heap of the chain's gateway: the board heap every MicroPython test uses, 128 KiB (>= 32 KiB
+# free after start-up; ports/micropython/README.md, "Memory"); UBRB_MP_E2E_HEAP tries another.
 HEAP = os.environ.get("UBRB_MP_E2E_HEAP", BOARD_HEAP)
 # KeepLast(1000) at the companion's DDS endpoints: a burst from a test replaces no sample
 DEEP = {"reliability": "reliable", "durability": "volatile", "depth": 1000}

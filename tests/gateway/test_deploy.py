@@ -1,13 +1,17 @@
 """`make deploy` / `make deploy-check` (tools/deploy.py): the precompiled board layout, the
 board-side preparation step (run here under the real MicroPython unix port), the mpremote
-command, and `make deploy-check` itself."""
+command, and `make deploy-check` itself: the .mpy-files layout (stock firmware) at CHECK_HEAP, the
+ROMFS layout at exactly 128 KiB (tools/romfs_board.py, which every other unix-port test uses)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.support.mp_unix import micropython_exe
 from tests.support.procs import ROOT
@@ -113,12 +117,36 @@ def test_romfs_deploy_writes_the_image_then_the_files(tmp_path: Path) -> None:
 
 
 def test_make_deploy_check_romfs_passes() -> None:
-    # The image mounted at /rom as ROMFS firmware does, code run in place; the heap is
-    # ROMFS_CHECK_HEAP plus the image (which lives in flash on a board); >= 32 KiB free asserted.
+    # The image mapped outside the heap as a board's flash, mounted at /rom, code run in place;
+    # the heap is 128 KiB exactly (ROMFS_CHECK_HEAP); >= 32 KiB free after start-up.
     micropython_exe()
     r = subprocess.run(["make", "-s", "deploy-check", "ROMFS=1"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "(%s + the ROMFS image)" % deploy.ROMFS_CHECK_HEAP in out
-    assert "answered HELLO and PING" in out
+    assert deploy.ROMFS_CHECK_HEAP == "128k"
+    m = re.search(r"started under a 128k heap \(the ROMFS image outside it, as in flash\) with "
+                  r"(\d+) bytes free and answered HELLO and PING", out)
+    assert m and int(m.group(1)) >= 32 * 1024, out
+
+
+@pytest.mark.parametrize("image, says", [
+    (None, "no ROMFS image"),
+    (b"#!/bin/sh\n", "is not a ROMFS image"),
+])
+def test_romfs_board_without_an_image_says_so_in_one_line(tmp_path: Path, image, says) -> None:
+    micropython_exe()
+    if image is not None:
+        (tmp_path / deploy.ROMFS_IMAGE).write_bytes(image)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "romfs_board.py")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and says in r.stderr and "tools/deploy.py build --romfs" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
+
+
+def test_romfs_board_without_the_unix_port_says_make_venv(tmp_path: Path) -> None:
+    # -S: no site-packages, so no micropython_run, as in an interpreter without the dev packages
+    r = subprocess.run([sys.executable, "-S", os.path.join(ROOT, "tools", "romfs_board.py")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "`make venv`" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -1,6 +1,7 @@
 """End to end over real TCP against the gateway as a subprocess: `python ubrb_min.py`, and the
-same cases against the MicroPython port as deployed to a board (tools/deploy.py's .mpy layout)
-under the real MicroPython unix port with the board heap of tests/support/mp_unix.py (HEAP)."""
+same cases against the MicroPython port as deployed to a board with ROMFS (tools/deploy.py's
+layout: the .mpy modules in one ROMFS image, run in place) under the real MicroPython unix port in
+the board heap of tests/support/mp_unix.py (HEAP, 128 KiB; the image outside it, as in flash)."""
 
 from __future__ import annotations
 
@@ -256,7 +257,7 @@ def test_an_unknown_link_url_is_refused_at_start():
     assert r.returncode == 2 and "udp://HOST:PORT or serial:PATH" in r.stderr
 
 
-# -- the MicroPython port's start-up on the real unix port, deployed as .mpy --------------------
+# -- the MicroPython port's start-up on the real unix port, deployed as .mpy in ROMFS -----------
 def run_deployed(*flags: str, heap: str = HEAP):
     import subprocess
 
@@ -283,7 +284,8 @@ def test_bad_options_on_the_board_are_one_line(flags, status, says):
 
 
 def test_deployed_mcu_gateway_with_a_udp_link_starts_with_32k_free():
-    # The mcu profile and a UDP link (no companion needed to start) in the board heap HEAP: it
+    # The mcu profile and a UDP link (no companion needed to start) in the board heap HEAP
+    # (128 KiB exactly; the code runs in place from the ROMFS image, which is not in the heap): it
     # listens with at least 32 KiB free for what serving allocates, answers HELLO, and prints the
     # one figure for sizing a board (ports/micropython/README.md, "Memory"). If the free figure
     # drops after a change, run bench/mp_heap.py - new names past the qstr headroom cost ~7 KiB
