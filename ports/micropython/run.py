@@ -26,14 +26,22 @@ from ports.micropython.loop import GatewayLoop, parse_hostport
 # again in one session only after `unload`ing them - main() does that when it returns).
 # tests/core/test_mp_port.py checks that every name still exists. The link's two transport
 # classes are listed too: the one in use lives on through its instance, the other (~0.7 KiB from
-# a .mpy file) is freed.
+# a .mpy file) is freed. "Class.method" names a method: the constructors of classes whose every
+# instance start-up builds (~3 KiB from .mpy files), Gateway.set_policy.
 START_UP_ONLY = (
-    ("ubrb_min", "PROFILES LIMITS PROFILE_KEYS make_profile memory_budget throttle_bytes "
+    ("ubrb_min", "Gateway.__init__ Gateway.set_policy ClientSession.__init__ "
+                 "FrameDecoder.__init__ SendQueue.__init__ FrameRing.__init__ Registry.__init__ "
+                 "SlotTable.__init__ RateLog.__init__ LinkSession.__init__ LinkRosPort.__init__ "
+                 "LinkOutput.__init__ "
+                 "PROFILES LIMITS PROFILE_KEYS make_profile memory_budget throttle_bytes "
                  "format_budget POLICY_OPTIONS split_list parse_globs parse_cidrs "
                  "parse_throttle Policy Throttle NullRosPort parse_link_key link_needs_key "
                  "parse_link_url link_sizes new_link_session"),
-    ("ports.micropython.link", "uart_id open_gateway_link UdpTransport UartTransport"),
-    ("ports.micropython.loop", "default_io parse_hostport"),
+    ("ports.micropython.link", "LinkDriver.__init__ UdpTransport.__init__ "
+                               "UartTransport.__init__ "
+                               "uart_id open_gateway_link UdpTransport UartTransport"),
+    ("ports.micropython.loop", "GatewayLoop.__init__ Log.__init__ Clock.__init__ IO.__init__ "
+                               "default_io parse_hostport"),
     ("ports.micropython.run", "build"),
 )
 # ...and what only an active Policy (--allow-clients, --allow-topics, --deny-topics, --throttle)
@@ -50,8 +58,13 @@ def forget_start_up(policy=False):
     for mod, names in START_UP_ONLY + (() if policy else POLICY_ONLY):
         m = sys.modules.get(mod)
         for name in names.split():
-            if m is not None and name in m.__dict__:
-                delattr(m, name)
+            owner, _, attr = name.rpartition(".")
+            owner = m.__dict__.get(owner) if owner and m is not None else m
+            if owner is not None and attr in owner.__dict__:
+                # None first: MicroPython keeps a class attribute's value reachable after a
+                # delattr (in the slot it leaves, until reused), a module's it clears
+                setattr(owner, attr, None)
+                delattr(owner, attr)
                 n += 1
     return n
 
