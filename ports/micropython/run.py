@@ -27,7 +27,8 @@ from ports.micropython.loop import GatewayLoop, parse_hostport
 # tests/core/test_mp_port.py checks that every name still exists. The link's two transport
 # classes are listed too: the one in use lives on through its instance, the other (~0.7 KiB from
 # a .mpy file) is freed. "Class.method" names a method: the constructors of classes whose every
-# instance start-up builds (~3 KiB from .mpy files), Gateway.set_policy.
+# instance start-up builds (~3 KiB from .mpy files), Gateway.set_policy, the Policy's parser (a
+# method's name comes before its class's: the class is looked up by name).
 START_UP_ONLY = (
     ("ubrb_min", "Gateway.__init__ Gateway.set_policy ClientSession.__init__ "
                  "FrameDecoder.__init__ SendQueue.__init__ FrameRing.__init__ Registry.__init__ "
@@ -35,7 +36,8 @@ START_UP_ONLY = (
                  "LinkOutput.__init__ "
                  "PROFILES LIMITS PROFILE_KEYS make_profile memory_budget throttle_bytes "
                  "format_budget POLICY_OPTIONS split_list parse_globs parse_cidrs "
-                 "parse_throttle Policy Throttle NullRosPort parse_link_key link_needs_key "
+                 "parse_throttle Policy.__init__ Policy.from_options Policy.describe "
+                 "Throttle.__init__ Policy Throttle NullRosPort parse_link_key link_needs_key "
                  "parse_link_url link_sizes new_link_session"),
     ("ports.micropython.link", "LinkDriver.__init__ UdpTransport.__init__ "
                                "UartTransport.__init__ "
