@@ -115,7 +115,7 @@ _S_CLOSING = const(3)  # flush what is queued, then the port closes the socket
 WANT_READ = const(1)  # Gateway.interest(ci): what a port waits for on a client socket
 WANT_WRITE = const(2)
 
-UBRB_JSON_DEPTH = 16  # deepest JSON nesting a client's control frame may have (qos: 2)
+_UBRB_JSON_DEPTH = const(16)  # deepest JSON nesting a client's control frame may have (qos: 2)
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
@@ -349,7 +349,7 @@ def move_down(buf, dst, src, n):
         mv[dst : dst + n] = mv[src : src + n]
 
 
-DECODER_SHORT = 2048  # a partial frame this short is moved to the decoder's front (_compact)
+_DECODER_SHORT = const(2048)  # a partial frame this short is moved to the decoder's front (_compact)
 
 
 def encode_frame(op, payload):
@@ -522,7 +522,7 @@ class FrameDecoder:
         p = self.pos
         if p == self.fill:
             self.pos = self.fill = 0
-        elif p + frame_len > len(self.buf) or (p > 0 and self.fill - p <= DECODER_SHORT):
+        elif p + frame_len > len(self.buf) or (p > 0 and self.fill - p <= _DECODER_SHORT):
             move_down(self.buf, 0, p, self.fill - p)
             self.fill -= p
             self.pos = 0
@@ -1514,8 +1514,8 @@ class Gateway:
 
     def _json(self, buf, off, n):
         b = bytes(memoryview(buf)[off : off + n])
-        if not json_depth_ok(b, UBRB_JSON_DEPTH):  # before json.loads: see json_depth_ok
-            raise ProtocolError("payload nests deeper than %d levels" % UBRB_JSON_DEPTH)
+        if not json_depth_ok(b, _UBRB_JSON_DEPTH):  # before json.loads: see json_depth_ok
+            raise ProtocolError("payload nests deeper than %d levels" % _UBRB_JSON_DEPTH)
         try:
             obj = json.loads(b)
         except Exception:  # ValueError, UnicodeError: MicroPython and CPython raise different ones
