@@ -49,15 +49,23 @@ START_UP_ONLY = (
 # ...and what only an active Policy (--allow-clients, --allow-topics, --deny-topics, --throttle)
 # runs while serving: forgotten too when none is given (~1 KiB of bytecode from .mpy files).
 POLICY_ONLY = (
-    ("ubrb_min", "glob_match parse_ip _parse_ip4 peer_address cidr_match"),
+    ("ubrb_min", "glob_match parse_ip _parse_ip4 peer_address cidr_match Gateway._topic_denied "
+                 "Gateway._throttle_slot Gateway._release_throttled"),
+)
+# ...and what only a keyed link (--link-key) runs: the MAC of each frame, forgotten on a link
+# without a key (~0.7 KiB from .mpy files).
+KEY_ONLY = (
+    ("ubrb_min", "lk_hmac lk_hmac_pads LinkSession._mac_out LinkSession._mac_ok"),
 )
 
 
-def forget_start_up(policy=False):
-    """Drop START_UP_ONLY's names from their modules (see above), and POLICY_ONLY's unless the
-    gateway serves with a `policy`; how many were there."""
+def forget_start_up(policy=False, keyed=False):
+    """Drop START_UP_ONLY's names from their modules (see above), POLICY_ONLY's unless the
+    gateway serves with a `policy`, KEY_ONLY's unless its link is `keyed`; how many were
+    there."""
     n = 0
-    for mod, names in START_UP_ONLY + (() if policy else POLICY_ONLY):
+    for mod, names in (START_UP_ONLY + (() if policy else POLICY_ONLY)
+                       + (() if keyed else KEY_ONLY)):
         m = sys.modules.get(mod)
         for name in names.split():
             owner, _, attr = name.rpartition(".")
@@ -147,7 +155,7 @@ def main(argv=None, io=None):
                     % (opts["profile"], free))
     opts = None  # the options are in the objects built now (~0.6 KiB as a dict)
     before = heap()[0]
-    forget_start_up(loop.gw.policy is not None)
+    forget_start_up(loop.gw.policy is not None, loop.link is not None and loop.link.s.tag != 0)
     used, free = heap()
     code -= before - used  # the start-up code just freed is not part of what stays loaded
     line = "memory: budget %s + code %s = %s; heap after start-up: %%d bytes used, %%d free" % (

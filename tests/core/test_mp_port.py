@@ -765,14 +765,14 @@ def test_allow_lists_and_throttle_flags_on_the_micropython_port():
 
 
 def test_every_start_up_only_name_exists():
-    # run.py's START_UP_ONLY (and POLICY_ONLY): what the board forgets once the gateway is built
-    # (its code freed).
+    # run.py's START_UP_ONLY (and POLICY_ONLY, KEY_ONLY): what the board forgets once the gateway
+    # is built (its code freed).
     # A listed name renamed or removed in its module would silently stay loaded.
     import sys
 
     from ports.micropython import run
 
-    for mod, names in run.START_UP_ONLY + run.POLICY_ONLY:
+    for mod, names in run.START_UP_ONLY + run.POLICY_ONLY + run.KEY_ONLY:
         m = sys.modules[mod]
         for name in names.split():
             owner, _, attr = name.rpartition(".")  # "Class.method": a method of a class there

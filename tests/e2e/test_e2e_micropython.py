@@ -22,6 +22,7 @@ from tests.e2e.helpers import (
     RawCollector,
     companion_argv,
     e2e_proc,
+    key_file,
     matched,
     ser,
     string_msg,
@@ -44,13 +45,18 @@ class MicroPythonBridge:
 
     mode = "micropython"
 
-    def __init__(self) -> None:
+    def __init__(self, *link_args: str) -> None:
+        # link_args: given to both ends (--link-key FILE)
         self.comp_url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+        self.link_args = link_args
         self.comp: Optional[Proc] = None
         self.gw: Optional[MicroPythonGateway] = None
         try:
             self.start_companion()
-            self.gw = MicroPythonGateway("--link", self.comp_url, heap=HEAP,
+            # both clients come from 127.0.0.1: the mcu profile's per-address limit (half of
+            # max_clients: 1) would refuse the second, as it does on CPython
+            self.gw = MicroPythonGateway("--link", self.comp_url, "--max-clients-per-address",
+                                         "2", *link_args, heap=HEAP,
                                          env=child_env(E2E_DOMAIN, E2E_XML))
             self.port = self.gw.port
             self.gw.wait_line(r"ROS side up", 10)
@@ -59,7 +65,7 @@ class MicroPythonBridge:
             raise
 
     def start_companion(self) -> None:
-        self.comp = e2e_proc(companion_argv(self.comp_url))
+        self.comp = e2e_proc(companion_argv(self.comp_url, *self.link_args))
         self.comp.wait_line(r"companion on link")
 
     def kill_companion(self) -> None:
@@ -107,6 +113,31 @@ def test_two_clients_relay_both_ways_through_dds(mp_bridge: Any, connect: Any, d
     assert b.wait(lambda: len(b.messages[2]) >= 20, 10)
     assert [I.String.deserialize(m).data for m in b.messages[2]] == ["back %d" % i for i in range(20)]
     assert a.error_codes() == [] and b.error_codes() == []
+
+
+def test_a_keyed_link_relays_both_ways(tmp_path: Any, connect: Any, dds: Dds) -> None:
+    # --link-key on both ends: the board keeps the MAC code a keyed link runs (run.py forgets it
+    # only on a link without a key) and every frame is authenticated both ways
+    bridge = MicroPythonBridge("--link-key", key_file(tmp_path))
+    try:
+        out, back = "/e2e_mp_key_out", "/e2e_mp_key_back"
+        raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
+        w = dds.writer("rt" + back, I.String, depth=100)
+        a, b = connect(bridge, "pub"), connect(bridge, "sub")
+        a.advertise(1, out, S, DEEP)
+        b.subscribe(2, back, S, DEEP)
+        assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
+        for i in range(10):
+            a.publish(1, ser(string_msg("out %d" % i), S))
+        assert raw.wait(10) and texts(raw.got) == ["out %d" % i for i in range(10)]
+        for i in range(10):
+            w.write(I.String(data="back %d" % i))
+        assert b.wait(lambda: len(b.messages[2]) >= 10, 10)
+        assert [I.String.deserialize(m).data for m in b.messages[2]] == \
+            ["back %d" % i for i in range(10)]
+        assert a.error_codes() == [] and b.error_codes() == []
+    finally:
+        bridge.close()
 
 
 def test_companion_restart_mid_stream(mp_bridge: Any, connect: Any, dds: Dds) -> None:
