@@ -96,23 +96,29 @@ def texts(raw: List[bytes]) -> List[str]:
     return [I.String.deserialize(d).data for d in raw]
 
 
-def test_two_clients_relay_both_ways_through_dds(mp_bridge: Any, connect: Any, dds: Dds) -> None:
-    out, back = "/e2e_mp_out", "/e2e_mp_back"
+def relay_both_ways(bridge: Any, connect: Any, dds: Dds, topic: str, n: int = 20) -> None:
+    """Two clients of `bridge`: one publishes n messages to DDS, the other gets n from DDS; all
+    arrive, in order, with no ERROR."""
+    out, back = topic + "_out", topic + "_back"
     raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
     w = dds.writer("rt" + back, I.String, depth=100)
-    a, b = connect(mp_bridge, "pub"), connect(mp_bridge, "sub")
+    a, b = connect(bridge, "pub"), connect(bridge, "sub")
     a.advertise(1, out, S, DEEP)
     b.subscribe(2, back, S, DEEP)
     assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10), \
         "the companion's DDS endpoints never matched"
-    for i in range(20):
+    for i in range(n):
         a.publish(1, ser(string_msg("out %d" % i), S))
-    assert raw.wait(20) and texts(raw.got) == ["out %d" % i for i in range(20)]  # in order
-    for i in range(20):
+    assert raw.wait(n) and texts(raw.got) == ["out %d" % i for i in range(n)]  # in order
+    for i in range(n):
         w.write(I.String(data="back %d" % i))
-    assert b.wait(lambda: len(b.messages[2]) >= 20, 10)
-    assert [I.String.deserialize(m).data for m in b.messages[2]] == ["back %d" % i for i in range(20)]
+    assert b.wait(lambda: len(b.messages[2]) >= n, 10)
+    assert [I.String.deserialize(m).data for m in b.messages[2]] == ["back %d" % i for i in range(n)]
     assert a.error_codes() == [] and b.error_codes() == []
+
+
+def test_two_clients_relay_both_ways_through_dds(mp_bridge: Any, connect: Any, dds: Dds) -> None:
+    relay_both_ways(mp_bridge, connect, dds, "/e2e_mp")
 
 
 def test_a_keyed_link_relays_both_ways(tmp_path: Any, connect: Any, dds: Dds) -> None:
@@ -120,22 +126,7 @@ def test_a_keyed_link_relays_both_ways(tmp_path: Any, connect: Any, dds: Dds) ->
     # only on a link without a key) and every frame is authenticated both ways
     bridge = MicroPythonBridge("--link-key", key_file(tmp_path))
     try:
-        out, back = "/e2e_mp_key_out", "/e2e_mp_key_back"
-        raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
-        w = dds.writer("rt" + back, I.String, depth=100)
-        a, b = connect(bridge, "pub"), connect(bridge, "sub")
-        a.advertise(1, out, S, DEEP)
-        b.subscribe(2, back, S, DEEP)
-        assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
-        for i in range(10):
-            a.publish(1, ser(string_msg("out %d" % i), S))
-        assert raw.wait(10) and texts(raw.got) == ["out %d" % i for i in range(10)]
-        for i in range(10):
-            w.write(I.String(data="back %d" % i))
-        assert b.wait(lambda: len(b.messages[2]) >= 10, 10)
-        assert [I.String.deserialize(m).data for m in b.messages[2]] == \
-            ["back %d" % i for i in range(10)]
-        assert a.error_codes() == [] and b.error_codes() == []
+        relay_both_ways(bridge, connect, dds, "/e2e_mp_key", 10)
     finally:
         bridge.close()
 
