@@ -22,10 +22,12 @@ from tests.support.ubrb_frames import advertise, hello, ping, subscribe
 @pytest.fixture(scope="module", params=RUNTIMES)
 def gateway(request):
     # on MicroPython too: the board forgets the Policy's parser and constructors once built
-    # (ports/micropython/run.py START_UP_ONLY) and serves with what stays
+    # (ports/micropython/run.py START_UP_ONLY) and serves with what stays; the throttle runs
+    # on every tick and on the /cmd_vel subscription below
     g = start_gateway(request.param, "--link", "none", "--profile", "mcu",
                       "--allow-clients", "127.0.0.1/32,::1",
-                      "--allow-topics", "/ue/*,/cmd_vel", "--deny-topics", "/ue/private/*")
+                      "--allow-topics", "/ue/*,/cmd_vel", "--deny-topics", "/ue/private/*",
+                      "--throttle", "/cmd_vel=20")
     yield g
     g.stop()
 
