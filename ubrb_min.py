@@ -115,7 +115,7 @@ _S_CLOSING = const(3)  # flush what is queued, then the port closes the socket
 WANT_READ = const(1)  # Gateway.interest(ci): what a port waits for on a client socket
 WANT_WRITE = const(2)
 
-UBRB_JSON_DEPTH = 16  # deepest JSON nesting a client's control frame may have (qos: 2)
+_UBRB_JSON_DEPTH = const(16)  # deepest JSON nesting a client's control frame may have (qos: 2)
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
 
@@ -349,7 +349,7 @@ def move_down(buf, dst, src, n):
         mv[dst : dst + n] = mv[src : src + n]
 
 
-DECODER_SHORT = 2048  # a partial frame this short is moved to the decoder's front (_compact)
+_DECODER_SHORT = const(2048)  # a partial frame this short is moved to the decoder's front (_compact)
 
 
 def encode_frame(op, payload):
@@ -440,8 +440,9 @@ class FrameDecoder:
         self.max_control = max_control
         self.bulk_op = bulk_op
         self.allowed = allowed_ops
-        self.cap = HDR + max(max_bulk, max_control)
-        self.buf = new_buffer(self.cap)
+        # its capacity is len(buf): one attribute less keeps the instance dict in 12 slots
+        # instead of 17 (16 bytes each on a 64-bit board)
+        self.buf = new_buffer(HDR + max(max_bulk, max_control))
         self.fill = 0  # bytes held
         self.pos = 0  # start of the first frame not yet returned
         self.skip = 0  # length of the frame returned by the last next(), released on the next call
@@ -451,7 +452,7 @@ class FrameDecoder:
         self.error = ""
 
     def space(self):
-        return self.cap - self.fill
+        return len(self.buf) - self.fill
 
     def commit(self, n):
         self.fill += n
@@ -521,7 +522,7 @@ class FrameDecoder:
         p = self.pos
         if p == self.fill:
             self.pos = self.fill = 0
-        elif p + frame_len > self.cap or (p > 0 and self.fill - p <= DECODER_SHORT):
+        elif p + frame_len > len(self.buf) or (p > 0 and self.fill - p <= _DECODER_SHORT):
             move_down(self.buf, 0, p, self.fill - p)
             self.fill -= p
             self.pos = 0
@@ -1513,8 +1514,8 @@ class Gateway:
 
     def _json(self, buf, off, n):
         b = bytes(memoryview(buf)[off : off + n])
-        if not json_depth_ok(b, UBRB_JSON_DEPTH):  # before json.loads: see json_depth_ok
-            raise ProtocolError("payload nests deeper than %d levels" % UBRB_JSON_DEPTH)
+        if not json_depth_ok(b, _UBRB_JSON_DEPTH):  # before json.loads: see json_depth_ok
+            raise ProtocolError("payload nests deeper than %d levels" % _UBRB_JSON_DEPTH)
         try:
             obj = json.loads(b)
         except Exception:  # ValueError, UnicodeError: MicroPython and CPython raise different ones
@@ -2612,13 +2613,52 @@ class LinkOutput:
             self.last -= d
 
 
-# One string, split when counters() is asked (a cold path): a tuple of 36 strings costs ~2 KiB more
-# of a board's heap.
+# LinkSession.stat_counts[i] is the counter named by word i of this string, as the Gateway's
+# (_GW_STATS): one list and one string, split when counters() is asked (a cold path), instead of
+# 36 attributes, each a name and an instance-dict slot on a board. A new counter is a word at the
+# end here and an _LKC_ index below (tests/core/test_link.py checks they agree).
 _LK_COUNTERS = (
     "rx_frames tx_frames rx_bytes tx_bytes crc_err hdr_err resync noise retx timeouts "
     "fast_retx dup ooo drop_be drop_be_down drop_rel_full drop_down too_large rel_reset_bytes "
     "frag_tx frag_rx frag_drop up down new hello_tx hello_rx proto stale trunc auth replay "
     "desync renew hello_ok hello_ignored")
+_LKC_RX_FRAMES = const(0)
+_LKC_TX_FRAMES = const(1)
+_LKC_RX_BYTES = const(2)
+_LKC_TX_BYTES = const(3)
+_LKC_CRC_ERR = const(4)
+_LKC_HDR_ERR = const(5)
+_LKC_RESYNC = const(6)
+_LKC_NOISE = const(7)
+_LKC_RETX = const(8)
+_LKC_TIMEOUTS = const(9)
+_LKC_FAST_RETX = const(10)
+_LKC_DUP = const(11)
+_LKC_OOO = const(12)
+_LKC_DROP_BE = const(13)
+_LKC_DROP_BE_DOWN = const(14)
+_LKC_DROP_REL_FULL = const(15)
+_LKC_DROP_DOWN = const(16)
+_LKC_TOO_LARGE = const(17)
+_LKC_REL_RESET_BYTES = const(18)
+_LKC_FRAG_TX = const(19)
+_LKC_FRAG_RX = const(20)
+_LKC_FRAG_DROP = const(21)
+_LKC_UP = const(22)
+_LKC_DOWN = const(23)
+_LKC_NEW = const(24)
+_LKC_HELLO_TX = const(25)
+_LKC_HELLO_RX = const(26)
+_LKC_PROTO = const(27)
+_LKC_STALE = const(28)
+_LKC_TRUNC = const(29)
+_LKC_AUTH = const(30)
+_LKC_REPLAY = const(31)
+_LKC_DESYNC = const(32)
+_LKC_RENEW = const(33)
+_LKC_HELLO_OK = const(34)
+_LKC_HELLO_IGNORED = const(35)
+_LKC_N = const(36)
 
 
 class LinkSession:
@@ -2687,18 +2727,9 @@ class LinkSession:
         self.be_depth = bytearray(b"\x01" * (max_slots + 1))
         self.be_cnt = bytearray(max_slots + 1)
         self.frag_buf = bytearray(max_message + _LK_RHDR_MAX)  # a fragmented record reassembled
-        # -- counters: plain ints (increments allocate nothing); counters() reports every
-        # name of _LK_COUNTERS (as c_<name>): a new counter goes here and there
-        self.c_rx_frames = self.c_tx_frames = self.c_rx_bytes = self.c_tx_bytes = 0
-        self.c_crc_err = self.c_hdr_err = self.c_resync = self.c_noise = 0
-        self.c_retx = self.c_timeouts = self.c_fast_retx = self.c_dup = self.c_ooo = 0
-        self.c_drop_be = self.c_drop_be_down = self.c_drop_rel_full = 0
-        self.c_drop_down = self.c_too_large = self.c_rel_reset_bytes = 0
-        self.c_frag_tx = self.c_frag_rx = self.c_frag_drop = 0
-        self.c_up = self.c_down = self.c_new = self.c_hello_tx = self.c_hello_rx = 0
-        self.c_proto = self.c_stale = self.c_trunc = 0
-        self.c_auth = self.c_replay = self.c_desync = self.c_renew = 0
-        self.c_hello_ok = self.c_hello_ignored = 0
+        # -- counters, by the _LKC_* indices of _LK_COUNTERS' names (small ints: increments
+        # allocate nothing); counters() reports them by name
+        self.stat_counts = [0] * _LKC_N
         # -- session identity and authentication (docs/LINK.md section 3) ------------------------
         # `used`: went UP since the stream was last discarded, so the peer may hold state of it;
         # discarding such a stream renews our epoch, so the peer can never resume it (a resumed
@@ -2723,7 +2754,7 @@ class LinkSession:
     # ---- state ---------------------------------------------------------
     def _reset_stream(self):
         # a new peer incarnation: nothing of the old stream may leak into it
-        self.c_rel_reset_bytes += self.rel_queued
+        self.stat_counts[_LKC_REL_RESET_BYTES] += self.rel_queued
         self.una = self.nxt = self.snd = 0
         self.rel_head = self.rel_queued = self.rel_framed = 0
         self.rel_rx_expected = 0
@@ -2783,8 +2814,9 @@ class LinkSession:
 
     def counters(self):
         d = {}
-        for k in _LK_COUNTERS.split():
-            d[k] = getattr(self, "c_" + k)
+        counts = self.stat_counts
+        for i, k in enumerate(_LK_COUNTERS.split()):
+            d[k] = counts[i]
         d["is_up"] = self.state
         d["rel_queued"] = self.rel_queued
         d["be_queued"] = self.be_n
@@ -2796,10 +2828,10 @@ class LinkSession:
     def send(self, t, slot, buf, off, n, reliable, control=False):
         """Queue one message; LK_OK or LK_TOO_LARGE / LK_FULL / _LK_DOWN."""
         if self.peer_epoch == 0:
-            self.c_drop_down += 1
+            self.stat_counts[_LKC_DROP_DOWN] += 1
             return _LK_DOWN
         if n > self.max_send():
-            self.c_too_large += 1
+            self.stat_counts[_LKC_TOO_LARGE] += 1
             return LK_TOO_LARGE
         hb = self.rec_header
         hb[0] = t
@@ -2817,12 +2849,12 @@ class LinkSession:
             h = _lk_putvar(hb, h, n)
         need = h + n
         if n + h > self.peer_max_frame - self.ovh:
-            self.c_frag_tx += 1
+            self.stat_counts[_LKC_FRAG_TX] += 1
         if reliable:
             cap = len(self.rel)
             lim = cap if control else cap - self.rel_res
             if self.rel_queued + need > lim:
-                self.c_drop_rel_full += 1
+                self.stat_counts[_LKC_DROP_REL_FULL] += 1
                 return LK_FULL
             pos = self.rel_head + self.rel_queued
             if pos >= cap:
@@ -2844,7 +2876,7 @@ class LinkSession:
             self.rel_queued += need
             return LK_OK
         if self.state != LINK_UP:
-            self.c_drop_be_down += 1
+            self.stat_counts[_LKC_DROP_BE_DOWN] += 1
             return _LK_DOWN
         be = self.be
         cap = len(be)
@@ -2854,7 +2886,7 @@ class LinkSession:
         tot = 6 + need
         while cap - self.be_n < tot:      # full: drop the oldest
             if self._be_pop():
-                self.c_drop_be += 1
+                self.stat_counts[_LKC_DROP_BE] += 1
         pos = self.be_head + self.be_n
         if pos >= cap:
             pos -= cap
@@ -2902,7 +2934,7 @@ class LinkSession:
         self.be_cnt[key] -= 1
         if self.be_last[key] == pos:
             self.be_last[key] = -1
-        self.c_drop_be += 1
+        self.stat_counts[_LKC_DROP_BE] += 1
 
     def _be_pop(self):
         # drop the head record of the best-effort ring; True if it was live
@@ -2954,8 +2986,8 @@ class LinkSession:
         # stall the sender until its RTO); any later frame carries the ack and cancels that
         self.ack_rep = now + _LK_ACK_REP_MS if self.ack_pending else 0
         self.ack_pending = False
-        self.c_tx_frames += 1
-        self.c_tx_bytes += L
+        self.stat_counts[_LKC_TX_FRAMES] += 1
+        self.stat_counts[_LKC_TX_BYTES] += L
         return L
 
     def _hello(self, now):
@@ -2970,7 +3002,7 @@ class LinkSession:
         self.hello_ctr += 1
         self.hello_reply = False
         self.hello_at = now + LK_HELLO_MS
-        self.c_hello_tx += 1
+        self.stat_counts[_LKC_HELLO_TX] += 1
         return self._seal(L, 0, now)
 
     # ---- the MAC trailer of a keyed link: counter u32 LE + 8 bytes of HMAC-SHA256 over the
@@ -3000,13 +3032,13 @@ class LinkSession:
         # verify a received frame's trailer; False (counted) drops the frame
         q = p + L - 4 - LK_TAG
         if L < self.ovh or b[q + 3] >= 0x40:
-            self.c_auth += 1
+            self.stat_counts[_LKC_AUTH] += 1
             return False
         if kind == LK_HELLO:
             ki = self.k_in
             ko = self.k_out
         elif self.s_in is None:
-            self.c_stale += 1
+            self.stat_counts[_LKC_STALE] += 1
             return False
         else:
             ki = self.s_in
@@ -3016,7 +3048,7 @@ class LinkSession:
         for i in range(_LK_MAC):
             x |= d[i] ^ b[q + 4 + i]
         if x:
-            self.c_auth += 1
+            self.stat_counts[_LKC_AUTH] += 1
             return False
         c = b[q] | (b[q + 1] << 8) | (b[q + 2] << 16) | (b[q + 3] << 24)
         self.rx_ctr = c
@@ -3034,7 +3066,7 @@ class LinkSession:
             return True
         d = -d
         if d == 0 or d > 24 or self.rx_mask & (1 << (d - 1)):
-            self.c_replay += 1
+            self.stat_counts[_LKC_REPLAY] += 1
             return False
         self.rx_mask |= 1 << (d - 1)
         return True
@@ -3082,7 +3114,7 @@ class LinkSession:
             self.nxt = (s + 1) & 255
         else:                                # go-back-N: same boundaries as before
             self.frame_retx[i] = 1
-            self.c_retx += 1
+            self.stat_counts[_LKC_RETX] += 1
             n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
         pos = self.frame_off[i]
@@ -3126,7 +3158,7 @@ class LinkSession:
                 if self.be_sent_part == w:
                     self._be_pop()
                 kind = LK_BEFRAG
-                self.c_frag_tx += 1
+                self.stat_counts[_LKC_FRAG_TX] += 1
                 break
             if q + w > _LK_HDR + m:
                 break
@@ -3145,7 +3177,7 @@ class LinkSession:
         if self.nxt != self.una and self.snd != self.una:
             if now - self.frame_sent_at[self.una & _LK_FT_MASK] >= self.rto:
                 self.snd = self.una
-                self.c_timeouts += 1
+                self.stat_counts[_LKC_TIMEOUTS] += 1
                 self.rto = min(self.rto * 2, _LK_RTO_MAX)
 
     def tick(self, now):
@@ -3155,14 +3187,14 @@ class LinkSession:
         if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
                 self.state = _LINK_DOWN
-                self.c_down += 1
+                self.stat_counts[_LKC_DOWN] += 1
                 self.hello_at = now
                 self.handler.link_down()
             else:
                 self._timer(now)
         if self.frag_active and now - self.frag_started_at >= LK_FRAG_MS:
             self.frag_active = False
-            self.c_frag_drop += 1
+            self.stat_counts[_LKC_FRAG_DROP] += 1
 
     def rebase(self, d):
         """Move every stored time `d` ms back (see Gateway.rebase)."""
@@ -3185,13 +3217,13 @@ class LinkSession:
     def feed(self, buf, off, n, now):
         """Bytes arrived (stream: any chunking; datagram: one datagram)."""
         self.now = now
-        self.c_rx_bytes += n
+        self.stat_counts[_LKC_RX_BYTES] += n
         end = off + n
         if self.datagram:
             p = self._parse(buf, off, end)
             if p < end:
-                self.c_trunc += 1
-                self.c_noise += end - p
+                self.stat_counts[_LKC_TRUNC] += 1
+                self.stat_counts[_LKC_NOISE] += end - p
             return
         rx = self.rx
         while off < end:
@@ -3220,26 +3252,26 @@ class LinkSession:
             if i < 0:
                 k = end - 1 if b[end - 1] == LK_SYNC0 else end
                 if k > p:
-                    self.c_noise += k - p
-                    self.c_resync += 1
+                    self.stat_counts[_LKC_NOISE] += k - p
+                    self.stat_counts[_LKC_RESYNC] += 1
                 return k
             if i > p:
-                self.c_noise += i - p
-                self.c_resync += 1
+                self.stat_counts[_LKC_NOISE] += i - p
+                self.stat_counts[_LKC_RESYNC] += 1
                 p = i
             if end - p < 6:
                 return p
             L = b[p + 2] | (b[p + 3] << 8)
             ctl = b[p + 4]
             if lk_hck(b[p + 2], b[p + 3], ctl) != b[p + 5] or L < self.ovh or L > self.max_frame:
-                self.c_hdr_err += 1
+                self.stat_counts[_LKC_HDR_ERR] += 1
                 p += 1
                 continue
             if end - p < L:
                 return p
             kind = ctl & 15
             if _lk_crc(b, p, L, 0 if kind == LK_HELLO else self.seed) != LK_RESIDUE:
-                self.c_crc_err += 1
+                self.stat_counts[_LKC_CRC_ERR] += 1
                 p += 1
                 continue
             if not self.tag or self._mac_ok(b, p, L, kind):
@@ -3250,12 +3282,12 @@ class LinkSession:
     def _frame(self, b, p, L, ctl):
         now = self.now
         kind = ctl & 15
-        self.c_rx_frames += 1
+        self.stat_counts[_LKC_RX_FRAMES] += 1
         if kind == LK_HELLO:
             self._on_hello(b, p + _LK_HDR, L - self.ovh, now)
             return
         if self.state != LINK_UP:
-            self.c_stale += 1
+            self.stat_counts[_LKC_STALE] += 1
             return
         self.last_rx = now
         a = b[p + 7]
@@ -3273,23 +3305,23 @@ class LinkSession:
                 self.nak_for = -1
                 self._rel_body(b, p + _LK_HDR, end)
             elif d < 128:
-                self.c_ooo += 1
+                self.stat_counts[_LKC_OOO] += 1
                 if self.nak_for != self.rel_rx_expected or now - self.nak_t >= _LK_ACK_REP_MS:
                     self.nak_pending = True
                     self.nak_for = self.rel_rx_expected
                     self.nak_t = now
             else:
-                self.c_dup += 1
+                self.stat_counts[_LKC_DUP] += 1
                 self.ack_pending = True
         elif kind == _LK_BE or kind == LK_BEFRAG:
             if self._be_dup(seq):
-                self.c_dup += 1
+                self.stat_counts[_LKC_DUP] += 1
             elif kind == _LK_BE:
                 self._be_body(b, p + _LK_HDR, end)
             else:
                 self._be_frag(b, p + _LK_HDR, end, seq, now)
         elif kind != LK_ACK:
-            self.c_proto += 1
+            self.stat_counts[_LKC_PROTO] += 1
 
     def _be_dup(self, seq):
         # anti-replay window (as in IPsec): best-effort frames are never delivered twice
@@ -3316,13 +3348,13 @@ class LinkSession:
 
     def _on_hello(self, b, p, n, now):
         if n < 18 or b[p] != _LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
-            self.c_proto += 1       # other version, or two ends of the same role
+            self.stat_counts[_LKC_PROTO] += 1       # other version, or two ends of the same role
             return
         pe, ye, pf, pm, pw, flags = struct.unpack_from("<IIHIBB", b, p + 2)
         if (flags & _LK_HF_KEYED) and not self.tag:
-            self.c_proto += 1       # the peer has a link key and we have none: never pair
+            self.stat_counts[_LKC_PROTO] += 1       # the peer has a link key and we have none: never pair
             return
-        self.c_hello_rx += 1
+        self.stat_counts[_LKC_HELLO_RX] += 1
         # verified: the sender knows our current epoch (keyed: and proved the link key over it,
         # the MAC was checked in _parse); the only kind of HELLO that may change a used session
         verified = ye == self.epoch
@@ -3330,22 +3362,22 @@ class LinkSession:
             if self.used and not verified:
                 # someone who has not seen us (a restarted peer, or anyone at all): answer, so a
                 # real peer learns our epoch, but the session we have is not touched
-                self.c_hello_ignored += 1
+                self.stat_counts[_LKC_HELLO_IGNORED] += 1
                 self.hello_reply = True
                 return
             # a new peer session: the old stream is gone for good, on both ends
             if self.state == LINK_UP:
                 self.state = _LINK_DOWN
-                self.c_down += 1
+                self.stat_counts[_LKC_DOWN] += 1
                 self.handler.link_down()
             self._discard()
             self.peer_epoch = pe
             self.fresh = True
-            self.c_new += 1
+            self.stat_counts[_LKC_NEW] += 1
             self._rekey()
             verified = ye == self.epoch      # _discard may have renewed our epoch
         elif self.tag and self.rx_ctr <= self.peer_hello:
-            self.c_replay += 1      # a HELLO of this peer seen before: replayed
+            self.stat_counts[_LKC_REPLAY] += 1      # a HELLO of this peer seen before: replayed
             return
         self.peer_hello = self.rx_ctr
         self.peer_max_frame = min(pf, self.max_frame)
@@ -3357,13 +3389,13 @@ class LinkSession:
             # the dead timer, or its new epoch, settles it)
             self.hello_reply = True
             return
-        self.c_hello_ok += 1
+        self.stat_counts[_LKC_HELLO_OK] += 1
         self.last_rx = now
         if flags & _LK_HF_REPLY:
             self.hello_reply = True
         if self.state != LINK_UP:
             self.state = LINK_UP
-            self.c_up += 1
+            self.stat_counts[_LKC_UP] += 1
             self.used = True
             self.bad_ack_at = -1
             self.snd = self.una        # resume: resend whatever was unacked
@@ -3381,7 +3413,7 @@ class LinkSession:
             e = self.nonce() if self.nonce is not None else self.epoch * 1103515245 + 12345
             e &= 0x3FFFFFFF
             self.epoch = e if e and e != self.epoch else (self.epoch + 1) & 0x3FFFFFFF or 1
-            self.c_renew += 1
+            self.stat_counts[_LKC_RENEW] += 1
         self.peer_hello = 0
 
     def _rekey(self):
@@ -3399,10 +3431,10 @@ class LinkSession:
     def _desync(self, now):
         # the two ends disagree about the stream (or its counters ran out): drop it and
         # handshake anew with a new epoch, so the peer drops its side too (section 3)
-        self.c_desync += 1
+        self.stat_counts[_LKC_DESYNC] += 1
         if self.state == LINK_UP:
             self.state = _LINK_DOWN
-            self.c_down += 1
+            self.stat_counts[_LKC_DOWN] += 1
             self.handler.link_down()
         self.used = True
         self._discard()
@@ -3447,7 +3479,7 @@ class LinkSession:
             if now - self.go_back_at >= (self.srtt if self.srtt > 10 else 10):
                 self.go_back_at = now
                 self.snd = una
-                self.c_fast_retx += 1
+                self.stat_counts[_LKC_FAST_RETX] += 1
 
     def _rtt(self, r):
         if self.srtt == 0:
@@ -3541,7 +3573,7 @@ class LinkSession:
                 h = self._hdr(b, p, end)
                 if h > 0:
                     if self.hdr_len > self.max_message:
-                        self.c_proto += 1
+                        self.stat_counts[_LKC_PROTO] += 1
                         self.skip = h + self.hdr_len
                         continue
                     if p + h + self.hdr_len <= end:   # whole record here: no copy
@@ -3556,7 +3588,7 @@ class LinkSession:
                     self.rec_header_have = h
                     self.rec_need = h + self.hdr_len
                 elif h < 0:
-                    self.c_proto += 1
+                    self.stat_counts[_LKC_PROTO] += 1
                     return
                 else:
                     self.rec_need = 0
@@ -3566,12 +3598,12 @@ class LinkSession:
                 p += 1
                 h = self._hdr(self.rec_buf, 0, self.rec_have)
                 if h < 0 or (h == 0 and self.rec_have >= _LK_RHDR_MAX):
-                    self.c_proto += 1
+                    self.stat_counts[_LKC_PROTO] += 1
                     self.rec_have = 0
                     return
                 if h > 0:
                     if self.hdr_len > self.max_message:
-                        self.c_proto += 1
+                        self.stat_counts[_LKC_PROTO] += 1
                         self.rec_have = 0
                         self.skip = self.hdr_len
                         continue
@@ -3590,14 +3622,14 @@ class LinkSession:
             if self.rec_need and self.rec_have == self.rec_need:
                 self.rec_have = 0
                 self.rec_need = 0
-                self.c_frag_rx += 1
+                self.stat_counts[_LKC_FRAG_RX] += 1
                 self.handler.link_message(self.rec_type, self.rec_slot, self.rec_buf, self.rec_header_have, self.rec_length, True)
 
     def _be_body(self, b, p, end):
         while p < end:
             h = self._hdr(b, p, end)
             if h <= 0 or p + h + self.hdr_len > end:
-                self.c_proto += 1
+                self.stat_counts[_LKC_PROTO] += 1
                 return
             p += h
             self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, False)
@@ -3605,24 +3637,24 @@ class LinkSession:
 
     def _be_frag(self, b, p, end, seq, now):
         if self.frag_active and seq == self.frag_seq:
-            self.c_dup += 1
+            self.stat_counts[_LKC_DUP] += 1
             return
         p = self._varint(b, p, end, 21)  # a fragment is whole: incomplete is malformed too
         if p <= 0:
-            self.c_proto += 1
+            self.stat_counts[_LKC_PROTO] += 1
             return
         tot = self.hdr_var
         p = self._varint(b, p, end, 21)
         if p <= 0:
-            self.c_proto += 1
+            self.stat_counts[_LKC_PROTO] += 1
             return
         o = self.hdr_var
         k = end - p
         if o == 0:
             if self.frag_active:
-                self.c_frag_drop += 1
+                self.stat_counts[_LKC_FRAG_DROP] += 1
             if tot > len(self.frag_buf):
-                self.c_proto += 1
+                self.stat_counts[_LKC_PROTO] += 1
                 self.frag_active = False
                 return
             self.frag_active = True
@@ -3632,17 +3664,17 @@ class LinkSession:
         elif not self.frag_active or o != self.frag_have or tot != self.frag_total or \
                 seq != ((self.frag_seq + 1) & 255):
             if self.frag_active:
-                self.c_frag_drop += 1    # a fragment was lost: the message is gone
+                self.stat_counts[_LKC_FRAG_DROP] += 1    # a fragment was lost: the message is gone
                 self.frag_active = False
             return
         if self.frag_have + k > self.frag_total:
-            self.c_proto += 1
+            self.stat_counts[_LKC_PROTO] += 1
             self.frag_active = False
             return
         copy_into(self.frag_buf, self.frag_have, b, p, k)
         self.frag_have += k
         self.frag_seq = seq
-        self.c_frag_rx += 1
+        self.stat_counts[_LKC_FRAG_RX] += 1
         if self.frag_have == self.frag_total:
             self.frag_active = False
             self._be_body(self.frag_buf, 0, self.frag_total)
@@ -3925,8 +3957,8 @@ class LinkRosPort:
     # link handler
     def link_up(self, fresh):
         self.link_is_up = True        # ros_up follows the companion's hello
-        lost = self.s.c_rel_reset_bytes - self.reset_seen
-        self.reset_seen = self.s.c_rel_reset_bytes
+        lost = self.s.stat_counts[_LKC_REL_RESET_BYTES] - self.reset_seen
+        self.reset_seen = self.s.stat_counts[_LKC_REL_RESET_BYTES]
         if fresh and self.had_session and self.sink is not None:
             self.sink.ros_session_lost(
                 "the link to the ROS side restarted as a new session (%d bytes of reliable data "

@@ -79,13 +79,13 @@ def measure(key, size, rounds):
     msg = bytearray(size)
     for _ in range(50):
         exchange(g, c, msg, size, 2000)       # warm-up
-    f0 = g.c_tx_frames + c.c_tx_frames
+    f0 = g.stat_counts[L._LKC_TX_FRAMES] + c.stat_counts[L._LKC_TX_FRAMES]
     gc.collect()
     t0 = clock_us()
     for _ in range(rounds):
         exchange(g, c, msg, size, 2000)
     us = elapsed_us(t0)
-    frames = g.c_tx_frames + c.c_tx_frames - f0
+    frames = g.stat_counts[L._LKC_TX_FRAMES] + c.stat_counts[L._LKC_TX_FRAMES] - f0
     # allocation, in a separate run (tracing slows CPython down)
     k = rounds // 4
     gc.collect()
@@ -105,7 +105,7 @@ def measure(key, size, rounds):
             exchange(g, c, msg, size, 2000)
             alloc += tracemalloc.get_traced_memory()[1] - cur
         tracemalloc.stop()
-    assert g.c_auth == 0 and c.c_auth == 0
+    assert g.stat_counts[L._LKC_AUTH] == 0 and c.stat_counts[L._LKC_AUTH] == 0
     return us / frames, alloc / (2 * k)
 
 

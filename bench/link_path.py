@@ -107,7 +107,7 @@ def main() -> None:
     copy = min(timeit.repeat(lambda: bytes(memoryview(buf)[0:a.size]), number=100000,
                              repeat=5)) / 100000 * 1e6
     print("link path, reliable %d B, MTU %d, %d messages (%.2f frames per message), CPU per "
-          "message:" % (a.size, a.mtu, a.count, g.c_tx_frames / a.count))
+          "message:" % (a.size, a.mtu, a.count, g.stat_counts[U._LKC_TX_FRAMES] / a.count))
     for name, v in zip(("gateway (PUBLISH -> link record)", "framing (poll_tx)",
                         "companion (frame -> Companion.publish)", "acks"), us):
         print("  %-40s %5.2f us" % (name, v))

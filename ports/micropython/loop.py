@@ -124,14 +124,14 @@ def parse_hostport(text, default_host="0.0.0.0"):
         raise ValueError("expected HOST:PORT, got %r" % text)
 
 
-def peer_text(addr):
-    """HOST:PORT of an accept()ed peer: lwIP ports give (host, port), the unix port a raw
-    sockaddr (family(2) port(2, big-endian) IPv4(4) ...)."""
-    if isinstance(addr, tuple):
-        return "%s:%s" % (addr[0], addr[1])
-    if len(addr) >= 8 and addr[0] == 2:  # AF_INET (little-endian family field)
-        return "%d.%d.%d.%d:%d" % (addr[4], addr[5], addr[6], addr[7], (addr[2] << 8) | addr[3])
-    return repr(addr)
+def accepted_peer(addr):
+    """An accept()ed peer as Gateway.accept takes it: (host, port), as lwIP ports and CPython
+    give it; the unix port's raw IPv4 sockaddr (family(2) port(2, big-endian) IPv4(4) ...) made
+    one. Other raw sockaddrs stay as they are (the core reads those too). Not text: the core
+    matches the host against --allow-clients and counts clients per host."""
+    if not isinstance(addr, tuple) and len(addr) >= 8 and addr[0] == 2:  # AF_INET, little-endian
+        return ("%d.%d.%d.%d" % (addr[4], addr[5], addr[6], addr[7]), (addr[2] << 8) | addr[3])
+    return addr
 
 
 class GatewayLoop:
@@ -363,7 +363,7 @@ class GatewayLoop:
                     s.setsockopt(self.ipproto_tcp, self.nodelay, 1)
                 except OSError:
                     pass
-            ci = self.gw.accept(now, peer_text(r[1]))  # the core logs who came, who was refused
+            ci = self.gw.accept(now, accepted_peer(r[1]))  # the core logs who came or was refused
             if ci >= 0:
                 self.socks[ci] = s
                 self.mask[ci] = self.POLLIN

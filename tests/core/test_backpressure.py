@@ -241,7 +241,7 @@ def test_best_effort_keeps_the_topics_depth_newest_and_sends_them_in_one_frame()
     for i in range(5):
         g.send(U.LK_T_PUB, 1, b"t%d" % i, 0, 2, False)
         g.send(U.LK_T_PUB, 2, b"u%d" % i, 0, 2, False)
-    assert g.c_drop_be == 2 + 4                # superseded before they ever went out
+    assert g.counters()["drop_be"] == 2 + 4                # superseded before they ever went out
     seq = g.be_seq
     p.run(5)
     assert [m for t, m in sink if t == U.LK_T_PUB] == [b"t2", b"t3", b"t4", b"u4"]

@@ -119,7 +119,7 @@ def test_handshake_roles_and_limits():
     g2 = sess(True, 2)
     q = Pair(g1, g2)
     q.run(1000)
-    assert not g1.is_up() and not g2.is_up() and g1.c_proto > 0
+    assert not g1.is_up() and not g2.is_up() and g1.counters()["proto"] > 0
 
 
 def test_reliable_in_order_with_batching():
@@ -127,14 +127,14 @@ def test_reliable_in_order_with_batching():
     p.up()
     for i in range(300):
         assert p.a.send(L.LK_T_PUB, 3, rel_payload(i, 40), 0, 40, True) == L.LK_OK
-    frames0 = p.a.c_tx_frames
+    frames0 = p.a.counters()["tx_frames"]
     p.run(200)
     got = [m for m in p.b.handler.msgs]
     assert len(got) == 300
     for i, m in enumerate(got):
         assert m == (L.LK_T_PUB, 3, rel_payload(i, 40), True)
     # 300 x 43 bytes in ~1012-byte frames: batching
-    assert p.a.c_tx_frames - frames0 < 20
+    assert p.a.counters()["tx_frames"] - frames0 < 20
 
 
 def test_reliable_fragmentation_large_message():
@@ -147,7 +147,7 @@ def test_reliable_fragmentation_large_message():
     assert a.send(L.LK_T_PUB, 1, b"x", 0, 1, True) == L.LK_OK
     p.run(2000, until=lambda: len(b.handler.msgs) == 2)
     assert b.handler.msgs[0][2] == big and b.handler.msgs[1][2] == b"x"
-    assert b.c_frag_rx >= 1
+    assert b.counters()["frag_rx"] >= 1
 
 
 def test_message_too_large_refused():
@@ -160,7 +160,7 @@ def test_message_too_large_refused():
     assert a.send(L.LK_T_PUB, 1, buf, 0, 1001, True) == L.LK_TOO_LARGE
     assert a.send(L.LK_T_PUB, 1, buf, 0, 1001, False) == L.LK_TOO_LARGE
     assert a.send(L.LK_T_PUB, 1, buf, 0, 1000, True) == L.LK_OK
-    assert a.c_too_large == 2
+    assert a.counters()["too_large"] == 2
 
 
 def test_reliable_buffer_bounded_control_reserve():
@@ -173,7 +173,7 @@ def test_reliable_buffer_bounded_control_reserve():
     while a.send(L.LK_T_PUB, 1, buf, 0, 1000, True) == L.LK_OK:
         n += 1
     assert n == (8192 - a.rel_res) // 1003
-    assert a.c_drop_rel_full == 1
+    assert a.counters()["drop_rel_full"] == 1
     # control records still fit in the reserve
     assert a.send(L.LK_T_ADV, 2, b"{}", 0, 2, True, True) == L.LK_OK
     p.run(500)
@@ -224,7 +224,7 @@ def test_resync_after_noise_stream():
     assert len(got) == N
     for i in range(N):
         assert got[i][2] == rel_payload(i, 50), i
-    assert b.c_crc_err + b.c_hdr_err > 0 and a.c_retx > 0 and stats["cut"] > 0
+    assert b.counters()["crc_err"] + b.counters()["hdr_err"] > 0 and a.counters()["retx"] > 0 and stats["cut"] > 0
 
 
 def test_best_effort_newest_wins():
@@ -235,7 +235,7 @@ def test_best_effort_newest_wins():
     for i in range(10):
         assert a.send(L.LK_T_PUB, 4, bytes([i]) * 8, 0, 8, False) == L.LK_OK
         assert a.send(L.LK_T_PUB, 5, bytes([100 + i]) * 8, 0, 8, False) == L.LK_OK
-    assert a.c_drop_be == 18
+    assert a.counters()["drop_be"] == 18
     p.run(50)
     got = b.handler.msgs
     assert got == [(L.LK_T_PUB, 4, bytes([9]) * 8, False), (L.LK_T_PUB, 5, bytes([109]) * 8, False)]
@@ -243,7 +243,7 @@ def test_best_effort_newest_wins():
     a.send(L.LK_T_PUB, 4, b"lost", 0, 4, False)
     a.poll_tx(p.now)  # built and "lost"
     p.run(1000)
-    assert len(b.handler.msgs) == 2 and a.c_retx == 0
+    assert len(b.handler.msgs) == 2 and a.counters()["retx"] == 0
 
 
 def test_best_effort_ring_overflow_drops_oldest():
@@ -254,9 +254,9 @@ def test_best_effort_ring_overflow_drops_oldest():
     for slot in range(10):
         assert a.send(L.LK_T_PUB, slot, bytes(500), 0, 500, False) == L.LK_OK
     assert a.be_n <= 2048
-    assert a.c_drop_be == 10 - a.be_live
+    assert a.counters()["drop_be"] == 10 - a.be_live
     p.run(50)
-    assert [m[1] for m in b.handler.msgs] == list(range(10 - a.c_drop_be - 0, 10))[-len(b.handler.msgs):]
+    assert [m[1] for m in b.handler.msgs] == list(range(10 - a.counters()["drop_be"] - 0, 10))[-len(b.handler.msgs):]
 
 
 def test_best_effort_fragmentation_and_loss():
@@ -280,7 +280,7 @@ def test_best_effort_fragmentation_and_loss():
     drop["on"] = True
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     p.run(50)
-    assert len(b.handler.msgs) == 1 and b.c_frag_drop == 1 and not b.frag_active
+    assert len(b.handler.msgs) == 1 and b.counters()["frag_drop"] == 1 and not b.frag_active
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     p.run(50)
     assert len(b.handler.msgs) == 2
@@ -291,7 +291,7 @@ def test_best_effort_fragmentation_and_loss():
     assert b.frag_active
     a.be_n = a.be_live = 0  # forget the rest at the sender
     p.run(L.LK_FRAG_MS + 100)
-    assert not b.frag_active and b.c_frag_drop == 2
+    assert not b.frag_active and b.counters()["frag_drop"] == 2
 
 
 def test_datagram_loss_dup_reorder():
@@ -329,7 +329,7 @@ def test_datagram_loss_dup_reorder():
     assert len(rel) == N
     for i in range(N):
         assert rel[i][2] == rel_payload(i, 300)
-    assert a.c_retx > 0 and b.c_dup + b.c_ooo > 0
+    assert a.counters()["retx"] > 0 and b.counters()["dup"] + b.counters()["ooo"] > 0
 
 
 def test_datagram_trailing_garbage_counted():
@@ -338,7 +338,7 @@ def test_datagram_trailing_garbage_counted():
     n = a.poll_tx(0)
     d = bytes(a.tx_buf[:n]) + b"\x01\x02\x03"
     b.feed(d, 0, len(d), 0)
-    assert b.c_hello_rx == 1 and b.c_noise == 3
+    assert b.counters()["hello_rx"] == 1 and b.counters()["noise"] == 3
 
 
 def test_liveness_down_and_resume_without_loss():
@@ -389,7 +389,7 @@ def test_restart_new_epoch_resets_stream():
     p.up()
     assert p.now - t0 < 300
     assert a.handler.downs == 1 and a.handler.ups == [True, True]  # fresh session
-    assert a.c_rel_reset_bytes > 0 and a.rel_queued == 0 and a.una == 0
+    assert a.counters()["rel_reset_bytes"] > 0 and a.rel_queued == 0 and a.una == 0
     a.send(L.LK_T_PUB, 1, b"new", 0, 3, True)
     p.run(100)
     assert b2.handler.msgs == [(L.LK_T_PUB, 1, b"new", True)]
@@ -414,7 +414,7 @@ def test_old_session_frames_rejected():
     p.b = b2
     p.up()
     b2.feed(stale, 0, len(stale), p.now)
-    assert b2.handler.msgs == [] and b2.c_crc_err == 1
+    assert b2.handler.msgs == [] and b2.counters()["crc_err"] == 1
 
 
 def test_window_bounded():
@@ -442,7 +442,7 @@ def test_buffers_never_grow():
             p.step(1, budget=1)  # a slow link
     assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.rec_buf, a.frag_buf, a.rel, a.be)]
     assert a.rel_queued <= len(a.rel) and a.be_n <= len(a.be)
-    assert a.c_drop_rel_full > 0 and a.c_drop_be > 0
+    assert a.counters()["drop_rel_full"] > 0 and a.counters()["drop_be"] > 0
 
 
 def test_counters_dict():
@@ -450,6 +450,18 @@ def test_counters_dict():
     c = a.counters()
     for k in ("crc_err", "resync", "retx", "drop_be", "drop_rel_full", "frag_tx", "frag_rx"):
         assert k in c
+    # each counter is reported under its own name: stat_counts[i] is word i of _LK_COUNTERS,
+    # and every _LKC_<NAME> index (CPython keeps const() names; a board has none) is that word's
+    # place, so a counter added on one side only (or the old way, as an attribute) fails here
+    names = L._LK_COUNTERS.split()
+    assert len(a.stat_counts) == len(names) and [k for k in names if c[k] != 0] == []
+    assert [k for k in a.__dict__ if k.startswith("c_")] == []
+    if hasattr(L, "_LKC_N"):
+        assert L._LKC_N == len(names)
+        assert [getattr(L, "_LKC_" + k.upper()) for k in names] == list(range(len(names)))
+    b = sess(False, 2)
+    b.feed(b"\x00\x01\x02", 0, 3, 0)
+    assert b.counters()["rx_bytes"] == 3 and b.stat_counts[names.index("rx_bytes")] == 3
 
 
 def test_a_full_window_in_flight_with_loss():
@@ -473,7 +485,7 @@ def test_a_full_window_in_flight_with_loss():
             break
     assert most == 32
     assert [m[2] for m in b.handler.msgs] == [rel_payload(i, 90) for i in range(N)]
-    assert a.c_retx > 0
+    assert a.counters()["retx"] > 0
 
 
 def test_mp_allocation_per_message():

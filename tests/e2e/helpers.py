@@ -65,6 +65,15 @@ def companion_argv(link: str, *extra: str, python: str = sys.executable,
             "--link", link, "--baud", str(SERIAL_BAUD), *extra]
 
 
+def key_file(tmp: Any, name: str = "link.key", data: Optional[bytes] = None) -> str:
+    """A link key file (hex, mode 0600, as --link-key wants it) in folder `tmp`."""
+    path = os.path.join(str(tmp), name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (data or os.urandom(32)).hex().encode() + b"\n")
+    os.close(fd)
+    return path
+
+
 def direct_argv(*extra: str) -> List[str]:
     return [sys.executable, "-m", "ros_side", "--backend", "dds", "--domain", str(E2E_DOMAIN),
             "--listen", "127.0.0.1:0", *extra]

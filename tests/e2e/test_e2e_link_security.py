@@ -25,6 +25,7 @@ from tests.e2e.helpers import (
     RawCollector,
     e2e_proc,
     companion_argv,
+    key_file,
     make_bridge,
     matched,
     open_bridge,
@@ -38,14 +39,6 @@ from tests.support.qos import QOS_R
 
 S = "std_msgs/msg/String"
 GATEWAY = os.path.join(ROOT, "ubrb_min.py")
-
-
-def key_file(tmp: Any, name: str = "link.key", data: Optional[bytes] = None) -> str:
-    path = os.path.join(str(tmp), name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.write(fd, (data or os.urandom(32)).hex().encode() + b"\n")
-    os.close(fd)
-    return path
 
 
 class Attacker:

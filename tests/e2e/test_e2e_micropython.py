@@ -23,6 +23,7 @@ from tests.e2e.helpers import (
     RawCollector,
     companion_argv,
     e2e_proc,
+    key_file,
     matched,
     ser,
     string_msg,
@@ -45,13 +46,18 @@ class MicroPythonBridge:
 
     mode = "micropython"
 
-    def __init__(self) -> None:
+    def __init__(self, *link_args: str) -> None:
+        # link_args: given to both ends (--link-key FILE)
         self.comp_url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+        self.link_args = link_args
         self.comp: Optional[Proc] = None
         self.gw: Optional[MicroPythonGateway] = None
         try:
             self.start_companion()
-            self.gw = MicroPythonGateway("--link", self.comp_url, heap=HEAP,
+            # both clients come from 127.0.0.1: the mcu profile's per-address limit (half of
+            # max_clients: 1) would refuse the second, as it does on CPython
+            self.gw = MicroPythonGateway("--link", self.comp_url, "--max-clients-per-address",
+                                         "2", *link_args, heap=HEAP,
                                          env=child_env(E2E_DOMAIN, E2E_XML))
             self.port = self.gw.port
             self.gw.wait_line(r"ROS side up", 10)
@@ -60,7 +66,7 @@ class MicroPythonBridge:
             raise
 
     def start_companion(self) -> None:
-        self.comp = e2e_proc(companion_argv(self.comp_url))
+        self.comp = e2e_proc(companion_argv(self.comp_url, *self.link_args))
         self.comp.wait_line(r"companion on link")
 
     def kill_companion(self) -> None:
@@ -91,23 +97,39 @@ def texts(raw: List[bytes]) -> List[str]:
     return [I.String.deserialize(d).data for d in raw]
 
 
-def test_two_clients_relay_both_ways_through_dds(mp_bridge: Any, connect: Any, dds: Dds) -> None:
-    out, back = "/e2e_mp_out", "/e2e_mp_back"
+def relay_both_ways(bridge: Any, connect: Any, dds: Dds, topic: str, n: int = 20) -> None:
+    """Two clients of `bridge`: one publishes n messages to DDS, the other gets n from DDS; all
+    arrive, in order, with no ERROR."""
+    out, back = topic + "_out", topic + "_back"
     raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
     w = dds.writer("rt" + back, I.String, depth=100)
-    a, b = connect(mp_bridge, "pub"), connect(mp_bridge, "sub")
+    a, b = connect(bridge, "pub"), connect(bridge, "sub")
     a.advertise(1, out, S, DEEP)
     b.subscribe(2, back, S, DEEP)
     assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10), \
         "the companion's DDS endpoints never matched"
-    for i in range(20):
+    for i in range(n):
         a.publish(1, ser(string_msg("out %d" % i), S))
-    assert raw.wait(20) and texts(raw.got) == ["out %d" % i for i in range(20)]  # in order
-    for i in range(20):
+    assert raw.wait(n) and texts(raw.got) == ["out %d" % i for i in range(n)]  # in order
+    for i in range(n):
         w.write(I.String(data="back %d" % i))
-    assert b.wait(lambda: len(b.messages[2]) >= 20, 10)
-    assert [I.String.deserialize(m).data for m in b.messages[2]] == ["back %d" % i for i in range(20)]
+    assert b.wait(lambda: len(b.messages[2]) >= n, 10)
+    assert [I.String.deserialize(m).data for m in b.messages[2]] == ["back %d" % i for i in range(n)]
     assert a.error_codes() == [] and b.error_codes() == []
+
+
+def test_two_clients_relay_both_ways_through_dds(mp_bridge: Any, connect: Any, dds: Dds) -> None:
+    relay_both_ways(mp_bridge, connect, dds, "/e2e_mp")
+
+
+def test_a_keyed_link_relays_both_ways(tmp_path: Any, connect: Any, dds: Dds) -> None:
+    # --link-key on both ends: the board keeps the MAC code a keyed link runs (run.py forgets it
+    # only on a link without a key) and every frame is authenticated both ways
+    bridge = MicroPythonBridge("--link-key", key_file(tmp_path))
+    try:
+        relay_both_ways(bridge, connect, dds, "/e2e_mp_key", 10)
+    finally:
+        bridge.close()
 
 
 def test_companion_restart_mid_stream(mp_bridge: Any, connect: Any, dds: Dds) -> None:

@@ -12,18 +12,22 @@ import sys
 import pytest
 
 import ubrb_min as U
-from tests.gateway.test_gateway_tcp import GatewayProcess
+from tests.gateway.test_gateway_tcp import RUNTIMES, GatewayProcess, start_gateway
 from tests.support.procs import ROOT, Proc
 from tests.support.qos import QOS_R
 from tests.support.raw_client import RawClient
 from tests.support.ubrb_frames import advertise, hello, ping, subscribe
 
 
-@pytest.fixture(scope="module")
-def gateway():
-    g = GatewayProcess("--link", "none", "--profile", "mcu",
-                       "--allow-clients", "127.0.0.1/32,::1",
-                       "--allow-topics", "/ue/*,/cmd_vel", "--deny-topics", "/ue/private/*")
+@pytest.fixture(scope="module", params=RUNTIMES)
+def gateway(request):
+    # on MicroPython too: the board forgets the Policy's parser and constructors once built
+    # (ports/micropython/run.py START_UP_ONLY) and serves with what stays; the throttle runs
+    # on every tick and on the /cmd_vel subscription below
+    g = start_gateway(request.param, "--link", "none", "--profile", "mcu",
+                      "--allow-clients", "127.0.0.1/32,::1",
+                      "--allow-topics", "/ue/*,/cmd_vel", "--deny-topics", "/ue/private/*",
+                      "--throttle", "/cmd_vel=20")
     yield g
     g.stop()
 

@@ -22,7 +22,7 @@ from tests.support.mp_unix import HEAP, MicroPythonGateway, deployed_layout, gat
 from tests.support.procs import ROOT, Proc
 from tests.support.qos import QOS_BE
 from tests.support.raw_client import RawClient
-from tests.support.ubrb_frames import advertise, hello, publish, subscribe
+from tests.support.ubrb_frames import advertise, hello, ping, publish, subscribe
 
 
 class GatewayProcess(Proc):
@@ -132,6 +132,25 @@ def test_too_many_clients(gateway):
             break
         assert time.monotonic() < deadline, "client slots were not released"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_clients_per_address(runtime):
+    # both ports hand the core the peer's host (the unix port's accept() gives a raw sockaddr):
+    # a second connection from 127.0.0.1 is refused, the first keeps being served
+    g = start_gateway(runtime, "--link", "none", "--profile", "mcu", "--max-clients", "3",
+                      "--max-clients-per-address", "1")
+    try:
+        first = RawClient(g.port)
+        first.send(hello())
+        first.expect(U.OP_HELLO_ACK)
+        frames = RawClient(g.port).expect_closed()
+        assert frames[0][0] == U.OP_ERROR and b"per address" in frames[0][1], frames
+        first.send(ping())
+        first.expect(U.OP_PONG)
+        first.close()
+    finally:
+        assert stop_cleanly(g) == 0, g.text()
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

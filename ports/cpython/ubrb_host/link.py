@@ -414,10 +414,10 @@ class LinkDriver:
             # no epoch from an UP companion (a restarted gateway is answered once the old
             # session has timed out, <= 2 s after the old gateway went silent). Keyed, an
             # epoch is no secret: always (a restarted gateway is back within one round trip).
-            ok = s.c_hello_ok
+            ok = s.stat_counts[L._LKC_HELLO_OK]
             t.candidate = None if s.is_up() and not s.tag else t.last_addr
             s.feed(buf, off, n, now)
-            if s.c_hello_ok != ok:
+            if s.stat_counts[L._LKC_HELLO_OK] != ok:
                 log.info("link: peer is now %s", t.last_addr)
                 t.peer = t.last_addr
                 t.candidate = None
@@ -449,7 +449,8 @@ class LinkDriver:
 
     def tick(self, now: int) -> None:
         self.s.tick(now)
-        bad = self.s.c_auth + self.s.c_replay
+        counts = self.s.stat_counts  # by ubrb_min's _LKC_* indices
+        bad = counts[L._LKC_AUTH] + counts[L._LKC_REPLAY]
         if bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
             log.warning("link: %d frames failed authentication or were replays (a peer with "
                         "another --link-key, or someone else on the link)", bad - self.auth_seen)
