@@ -7,7 +7,7 @@
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
 #   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
-#   make deploy-check  the same layout into build/deploy, started under the unix port (174 KiB heap)
+#   make deploy-check  the same layout into build/deploy, started under the unix port (168 KiB heap)
 #                   ROMFS=1 with either: the modules as one ROMFS image run in place (firmware with
 #                   ROMFS; deploy-check: 128 KiB)
 #   make demo       gateway + companion + simulated robot + ROS-side observer (DEMO_ARGS=...)
@@ -149,7 +149,7 @@ deploy: venv
 	$(VBIN)/python tools/deploy.py board --port $(PORT) --link $(LINK) $(DEPLOY_ROMFS) $(DEPLOY_ARGS)
 
 # make deploy-check: the same layout into build/deploy, started under the MicroPython unix port
-# with a 174 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: in exactly 128 KiB, ROMFS_CHECK_HEAP,
+# with a 168 KiB heap (tools/deploy.py CHECK_HEAP; ROMFS=1: in exactly 128 KiB, ROMFS_CHECK_HEAP,
 # the image mapped outside the heap as a board's flash and mounted at /rom by tools/romfs_board.py);
 # >= 32 KiB free after start-up, HELLO and PING over TCP
 # (what tests/gateway runs too).
