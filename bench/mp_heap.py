@@ -397,10 +397,13 @@ def main(argv: Optional[List[str]] = None) -> int:
               " 64-bit)  .mpy file   ROMFS image")
         for label, n, rn in rows:
             print("  %-52s %7d %13d" % (label, n, rn))
-        print("  %-52s %7d %13d" % ("the rest: module globals, names, constants",
+        print("  %-52s %7d %13d" % ("the rest: globals, names, constants, qstr pools",
                                     whole[0] - sum(r[1] for r in rows),
                                     whole[1] - sum(r[2] for r in rows)))
         print("  %-52s %7d %13d" % ("the core, whole", whole[0], whole[1]))
+        print("  (a qstr pool is allocated whole when the last one fills, so a part whose names tip the\n"
+              "  import over that step is charged less or more than its own share: the steps land\n"
+              "  in 'the rest'; the pool line above says where the whole start-up stands)")
         print("\n32-bit MicroPython (npm WebAssembly 1.27), the same .mpy files: %s"
               % wasm32(o3))
         print("  (64-bit, this run: core %d, port that stays %d, core objects built %d)"
