@@ -143,8 +143,13 @@ def test_best_effort_subscriber_keeps_receiving_while_a_publisher_is_blocked(
         b.subscribe(7, tick_topic, K.QOS_BE)
         assert a.sync() and b.sync(), "no PONG"
         assert K.wait_for(lambda: K.matched(reader) >= 1 and K.matched(ticker) >= 1, 20.0)
-        K.write_raw(ticker, K.string_cdr(b"warm"))
-        assert K.wait_for(lambda: b.messages.get(7), 10.0), "the subscription never delivered"
+        # Best-effort: a sample written before the companion's RESULT for the subscription has
+        # reached the gateway is dropped there (its generation is not live yet), so warm up by
+        # writing until one arrives.
+        def warm() -> Any:
+            K.write_raw(ticker, K.string_cdr(b"warm"))
+            return b.messages.get(7)
+        assert K.wait_for(warm, 10.0, step=0.05), "the subscription never delivered"
         col = K.Collector(reader)
         count = 60000
         flood = threading.Thread(
@@ -165,11 +170,23 @@ def test_best_effort_subscriber_keeps_receiving_while_a_publisher_is_blocked(
                 break                          # the flood went out and nothing more comes
         got = [d for _, d in col.stop()]
         r = K.check_order(got, 1, count)
-        arrivals = [t for t, cdr in b.messages.get(7, []) if t > t0
-                    and K.string_of(cdr).startswith(b"t")]
-        during = [t for t in arrivals if t <= blocked_until]
+        # Judged by the ticks themselves ("t<index>"), not by a nominal 100 Hz: under load the
+        # ticker loop shares this process with the flooder and sends fewer, later ticks.
+        sent = [i for i, t in enumerate(ticks_sent) if t <= blocked_until]
+        got_ticks = set()
+        for t, cdr in b.messages.get(7, []):
+            text = K.string_of(cdr)
+            if t > t0 and text.startswith(b"t"):
+                got_ticks.add(int(text[1:]))
+        during = [i for i in sent if i in got_ticks]
         blocked_s = blocked_until - t0
-        gaps = [y - x for x, y in zip([t0] + during, during + [blocked_until])]
+        stall_s, first = 0.0, None           # the longest span of sent ticks none of which came
+        for i in sent:
+            if i in got_ticks:
+                first = None
+            else:
+                first = i if first is None else first
+                stall_s = max(stall_s, ticks_sent[i] - ticks_sent[first])
     finally:
         a.close()
         b.close()
@@ -178,8 +195,9 @@ def test_best_effort_subscriber_keeps_receiving_while_a_publisher_is_blocked(
     assert (r["delivered"], r["lost"], r["duplicates"], r["out_of_order"]) == (count, 0, 0, 0), r
     assert a.errors == [], a.errors
     assert blocked_s > 0.2, "the flooder was never held back (%.2f s)" % blocked_s
-    assert len(during) >= 0.5 * blocked_s * 100, (
-        "the best-effort subscriber got %d messages in the %.2f s the publisher was blocked"
-        % (len(during), blocked_s))
-    assert max(gaps) < 0.5, "the subscriber stalled %.2f s while the publisher was blocked" % max(
-        gaps)
+    assert len(during) >= 0.5 * len(sent), (
+        "the best-effort subscriber got %d of the %d ticks sent in the %.2f s the publisher was "
+        "blocked" % (len(during), len(sent), blocked_s))
+    assert stall_s < 0.5, (
+        "the subscriber stalled: the ticks sent over %.2f s while the publisher was blocked "
+        "never came" % stall_s)
