@@ -23,9 +23,7 @@ ROS_VENV := .venv-ros
 ROS_VENV_STAMP := $(ROS_VENV)/.stamp
 NODE_STAMP := node_modules/.stamp
 PYTEST_ARGS ?=
-# ports/cpython/gateway.py is checked as ports.cpython.gateway, imported by ubrb_min.py: passed as a
-# path it would also be found as `gateway` under ports/cpython (the runtime's import root).
-TYPECHECK_PATHS ?= ubrb_min.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
+TYPECHECK_PATHS ?= ubrb_min.py ubrb_setup.py ubrb_policy.py ubrb_keyed.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
 .PHONY: all help venv venv-ros node_modules test lint typecheck mpy fuzz clean distclean link-key
 

@@ -20,7 +20,9 @@ setup(
     # and the UBRB client library.
     packages=["ros_side", "ros_side.backends", "ubrb_host", "ubrb_client"],
     package_dir={"ubrb_host": "ports/cpython/ubrb_host"},
-    py_modules=["ubrb_min"],
+    # the core, beside it what start-up and the optional features load (ubrb_setup, ubrb_policy,
+    # ubrb_keyed)
+    py_modules=["ubrb_min", "ubrb_setup", "ubrb_policy", "ubrb_keyed"],
     data_files=[
         ("share/ament_index/resource_index/packages", ["ros_side/resource/ros_side"]),
         ("share/" + package_name, ["package.xml"]),
@@ -40,5 +42,7 @@ setup(
     description="UBRB companion (ROS 2 side)",
     license="Apache-2.0",
     tests_require=["pytest"],
-    entry_points={"console_scripts": ["ros_side = ros_side.__main__:main"]},
+    # ubrb-gateway: the gateway (what `python ubrb_min.py` and `python -m ubrb_min` start)
+    entry_points={"console_scripts": ["ros_side = ros_side.__main__:main",
+                                      "ubrb-gateway = ubrb_host.gateway:main"]},
 )

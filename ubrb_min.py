@@ -41,10 +41,11 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
             else:
                 import os
 
-                # the shared CPython runtime (ubrb_host) is in ports/cpython/ in the source tree
+                # the CPython runtime (ubrb_host) is in ports/cpython/ in the source tree, and a
+                # top-level package once installed (pip install .)
                 here = os.path.dirname(os.path.abspath(__file__))
                 sys.path.insert(1, os.path.join(here, "ports", "cpython"))
-                from ports.cpython.gateway import main  # type: ignore[assignment]
+                from ubrb_host.gateway import main  # type: ignore[assignment]
         except ImportError as e:
             print("ubrb_min.py: no gateway port next to this file (%s): run it from the source "
                   "tree, or use `python -m ros_side --listen` for the in-process gateway" % e,
@@ -118,178 +119,6 @@ WANT_WRITE = const(2)
 _UBRB_JSON_DEPTH = const(16)  # deepest JSON nesting a client's control frame may have (qos: 2)
 RELIABILITIES = ("reliable", "best_effort")
 DURABILITIES = ("volatile", "transient_local")
-
-_KIB = const(1024)
-MIB = 1024 * 1024
-
-# ---------------------------------------------------------------------------------------------
-# Profiles: every static bound of the gateway. `--profile NAME` picks one, each key has a flag.
-# ---------------------------------------------------------------------------------------------
-PROFILES = {
-    # A Raspberry Pi-class host running CPython: camera frames fit, a handful of UE worlds.
-    "pi": {
-        "max_clients": 8,
-        "max_pubs": 64,  # publisher ids per client
-        "max_subs": 64,  # subscription ids per client
-        "max_topics": 128,  # shared topic slots, for publishers and again for subscriptions
-        "max_payload": 4 * MIB,  # PUBLISH / MESSAGE payload cap
-        "max_control": 64 * _KIB,  # payload cap of every other op
-        "queue_bytes": 16 * MIB,  # per-client send queue
-        "control_reserve": 64 * _KIB,  # part of the queue only control frames may use
-        "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
-        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile)
-        "slow_client_timeout": 5,
-        "frame_timeout": 10,
-    },
-    # An ESP32 / Pico W: a couple of clients, frames of a few KiB.
-    "mcu": {
-        "max_clients": 2,
-        "max_pubs": 8,
-        "max_subs": 8,
-        "max_topics": 16,
-        "max_payload": 2 * _KIB,
-        "max_control": 512,
-        # two largest MESSAGE frames (one per data ring) and a few more small ones, beside the
-        # control reserve: one largest control frame and a PONG / ERROR backlog
-        "queue_bytes": 5 * _KIB,
-        "control_reserve": 768,
-        "max_throttled": 1,
-        "max_clients_per_address": 0,
-        "slow_client_timeout": 5,
-        "frame_timeout": 10,
-    },
-    # A PC in direct mode (ros_side --listen): the spec's defaults.
-    "pc": {
-        "max_clients": 16,
-        "max_pubs": 256,
-        "max_subs": 256,
-        "max_topics": 512,
-        "max_payload": 64 * MIB,
-        "max_control": 1 * MIB,
-        "queue_bytes": 160 * MIB,  # two data rings of 79.5 MiB: each holds a largest MESSAGE
-        "control_reserve": 1 * MIB,
-        "max_throttled": 16,
-        "max_clients_per_address": 0,
-        "slow_client_timeout": 5,
-        "frame_timeout": 10,
-    },
-}
-# Every limit of a profile, with the sentence both ports' --help show for its flag: (key, text)
-# pairs, made at import from one string ("key text" per line), so a board keeps one string
-# constant instead of twelve (the pairs go with LIMITS once the gateway is built).
-LIMITS = tuple([tuple(line.split(" ", 1)) for line in (
-    "max_clients UBRB client connections served at once\n"
-    "max_pubs publisher ids per client\n"
-    "max_subs subscription ids per client\n"
-    "max_topics topic slots (each for publishers and again for subscriptions)\n"
-    "max_payload largest PUBLISH/MESSAGE payload in bytes\n"
-    "max_control largest payload of any other op in bytes\n"
-    "queue_bytes send queue per client in bytes\n"
-    "control_reserve bytes of each send queue only control frames may use\n"
-    "max_throttled subscription topics --throttle can hold a message for at once "
-    "(one max-payload buffer each)\n"
-    "max_clients_per_address connections one client address may hold (0: half of "
-    "max_clients, so one host never takes every slot)\n"
-    "slow_client_timeout seconds a client's send queue may stay full without it reading a "
-    "whole frame before the client is closed\n"
-    "frame_timeout seconds a frame may take to arrive once its first byte is in (a "
-    "dribbling client is closed)").split("\n")])
-PROFILE_KEYS = tuple([k for k, _ in LIMITS])
-
-
-def make_profile(name, overrides=None):
-    """The limits of profile `name` with `overrides` (a dict; None values ignored) applied."""
-    if name not in PROFILES:
-        raise ValueError("unknown profile %r (have: %s)" % (name, ", ".join(sorted(PROFILES))))
-    p = dict(PROFILES[name])
-    if overrides:
-        for k in overrides:
-            if k not in p:
-                raise ValueError("unknown limit %r" % k)
-            if overrides[k] is not None:
-                p[k] = int(overrides[k])
-    for k in PROFILE_KEYS:
-        if p[k] < (0 if k == "max_clients_per_address" else 1):
-            raise ValueError("%s must be at least 1" % k)
-    if p["max_clients_per_address"] == 0:
-        p["max_clients_per_address"] = max(1, (p["max_clients"] + 1) // 2)
-    if p["max_control"] < 256:
-        raise ValueError("max_control must be at least 256 bytes")
-    if p["control_reserve"] < p["max_control"] + HDR:
-        # A control frame must always fit in the reserved room, or PONG/ERROR could be lost.
-        p["control_reserve"] = p["max_control"] + HDR
-    # SendQueue: the control reserve, then a ring for reliable and one for best_effort MESSAGE
-    # frames, each half of the rest and each able to hold one largest MESSAGE.
-    need = 2 * (HDR + 4 + p["max_payload"]) + p["control_reserve"]
-    if p["queue_bytes"] < need:
-        raise ValueError(
-            "queue_bytes (%d) must hold two largest MESSAGEs plus the control reserve (%d)"
-            % (p["queue_bytes"], need)
-        )
-    return p
-
-
-def memory_budget(p, link=None):
-    """Worst-case bytes the gateway core holds for profile `p`, by part; `link` is the
-    link_sizes() of the gateway's link session, or None when it runs without one."""
-    rx = HDR + max(p["max_payload"] + 4, p["max_control"])
-    per_client = rx + p["queue_bytes"] + 16 * (p["max_pubs"] + p["max_subs"]) + 8 * p["max_topics"]
-    # Slot tables hold topic and type strings; ROS names are at most 255 characters.
-    slots = 2 * p["max_topics"] * (2 * 256 + 64)
-    link_bytes = link["total"] if link is not None else 0
-    throttle = throttle_bytes(p)
-    return {
-        "per_client": per_client,
-        "clients": per_client * p["max_clients"],
-        "slots": slots,
-        "link": link_bytes,
-        "throttle": throttle,
-        "total": per_client * p["max_clients"] + slots + link_bytes + throttle,
-    }
-
-
-def throttle_bytes(p):
-    """The --throttle holding buffers (allocated when a throttle rule is given)."""
-    return p.get("max_throttled", 0) * p["max_payload"]
-
-
-def format_budget(name, p, link=None):
-    b = memory_budget(p, link)
-    lines = ["profile %s: worst-case memory budget %s" % (name, human_bytes(b["total"]))]
-    lines.append(
-        "  %d clients x %s (rx frame %s + send queue %s + id tables)"
-        % (
-            p["max_clients"],
-            human_bytes(b["per_client"]),
-            human_bytes(HDR + 4 + p["max_payload"]),
-            human_bytes(p["queue_bytes"]),
-        )
-    )
-    lines.append(
-        "  %d publisher + %d subscription topic slots: %s"
-        % (p["max_topics"], p["max_topics"], human_bytes(b["slots"]))
-    )
-    lines.append(
-        "  limits: %d pub ids + %d sub ids per client, payload %s, control %s"
-        % (p["max_pubs"], p["max_subs"], human_bytes(p["max_payload"]), human_bytes(p["max_control"]))
-    )
-    if b["throttle"]:
-        lines.append("  throttle holding buffers: %d x %s" % (p["max_throttled"],
-                                                          human_bytes(p["max_payload"])))
-    if link is not None:
-        lines.append(
-            "  link session buffers: %s (messages up to %s, frames of %d bytes)"
-            % (human_bytes(link["total"]), human_bytes(link["max_message"]), link["max_frame"])
-        )
-    return "\n".join(lines)
-
-
-def human_bytes(n):
-    if n >= MIB:
-        return "%.1f MiB" % (n / MIB)
-    if n >= _KIB:
-        return "%.1f KiB" % (n / _KIB)
-    return "%d B" % n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1094,7 +923,7 @@ _GS_N = const(15)
 class Gateway:
     """The UBRB v1 bridge state machine for all clients. Implements GatewaySink for the ROS side.
 
-    Port contract (see ports/cpython/gateway.py):
+    Port contract (see ports/cpython/ubrb_host/loop.py and ports/micropython/loop.py):
       ci = accept(now, peer)      -> client index, or -1: send reject_frame(), then close without
                                      a reset (read and drop the peer's input first)
       decoder = clients[ci].decoder; recv into decoder.buf[decoder.fill:]; received(ci, n, now)
@@ -1107,8 +936,10 @@ class Gateway:
       tick(now)                   -> timers; call at least every 100 ms
     """
 
-    policy = None  # Policy (set_policy): allow-lists and throttle rules; None = everything open
-    throttle = None  # Throttle, when a throttle rule is given
+    # ubrb_policy's Policy and Throttle, given by ubrb_setup.apply_policy when the flags ask for
+    # them (a gateway without a policy never imports that module); None: everything open
+    policy = None
+    throttle = None
     _refused_address = False  # the last accept() refusal was --allow-clients, not capacity
 
     def __init__(self, profile, ros=None, server=SERVER_NAME, log=None, new_buffer=bytearray):
@@ -1142,19 +973,6 @@ class Gateway:
         self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
         # counters, by the _GS_* indices of _GW_STATS' names (counters() reports them by name)
         self.stat_counts = [0] * _GS_N
-
-    def set_policy(self, policy, new_buffer=bytearray):
-        """Apply a Policy (allow-lists, throttle rules) before serving. The throttle's holding
-        buffers (profile max_throttled x max_payload) are allocated here, once."""
-        self.policy = policy
-        self.stat_counts[_GS_CLIENTS_REFUSED_ADDRESS] = 0
-        self.stat_counts[_GS_TOPICS_DENIED] = 0
-        if policy.throttle:
-            p = self.p
-            self.throttle = Throttle(p["max_topics"], p["max_throttled"], p["max_payload"],
-                                     new_buffer)
-        for line in policy.describe():
-            self._log("info", "policy: " + line)
 
     # -- logging ---------------------------------------------------------------------------
     def _log(self, level, msg):
@@ -1323,7 +1141,7 @@ class Gateway:
     def tick(self, now):
         self.now = now
         if self.throttle is not None:
-            self._release_throttled(now)
+            self.throttle.release(self, now)
         if self.n_blocked:
             self._resume(now)
         for c in self.clients:
@@ -1558,8 +1376,12 @@ class Gateway:
         if not isinstance(topic, str) or not isinstance(type_, str):
             raise ProtocolError("'topic' and 'type' must be strings", id_)
         qos = _parse_qos(msg.get("qos"), id_)
-        if self.policy is not None and self._topic_denied(c, id_, topic):
-            return
+        if self.policy is not None:
+            why = self.policy.topic_refusal(topic)
+            if why is not None:
+                self.stat_counts[_GS_TOPICS_DENIED] += 1
+                self._error(c, id_, "topic_denied", why)
+                return
         reg = self.registry
         try:
             slot = reg.register(c, kind, id_, topic, type_, qos)
@@ -1567,7 +1389,7 @@ class Gateway:
             self._error(c, id_, e.code, e.message)
             return
         if kind == SUB and self.throttle is not None and reg.holders(SUB, slot) == 1:
-            self._throttle_slot(slot, topic)
+            self.throttle.bind_topic(self, slot, topic)
         if kind == PUB:
             if self.pubs.count[slot] >= 0:
                 c.counts_dirty = True  # a known subscriber count: this id gets it too
@@ -1578,29 +1400,6 @@ class Gateway:
                 self.ros.advertise(slot, topic, type_, qos)
             else:
                 self.ros.subscribe(slot, topic, type_, qos)
-
-    def _topic_denied(self, c, id_, topic):
-        why = self.policy.topic_refusal(topic)
-        if why is None:
-            return False
-        self.stat_counts[_GS_TOPICS_DENIED] += 1
-        self._error(c, id_, "topic_denied", why)
-        return True
-
-    def _throttle_slot(self, slot, topic):
-        period = self.policy.throttle_period(topic)
-        if not self.throttle.bind(slot, period, self.now, self.subs.refs):
-            self._log("warning", "%s not throttled: all %d holding buffers in use "
-                      "(--max-throttled)" % (topic, len(self.throttle.slot)))
-
-    def _release_throttled(self, now):
-        """Throttled messages whose period ended go out now (the newest of each period)."""
-        t = self.throttle
-        i = t.due(now)
-        while i >= 0:
-            self.ros_message(t.slot[i], t.buf[i], 0, t.out_n)
-            t.passing = False  # in case the slot was gone and ros_message returned early
-            i = t.due(now)
 
     def _on_unregister(self, c, kind, msg):
         id_ = _parse_id(msg)
@@ -1867,394 +1666,6 @@ def _qos_text(q):
     return "%s/%s/depth %d" % (q["reliability"], q["durability"], q["depth"])
 
 
-# ---------------------------------------------------------------------------------------------
-# Policy: who may connect, which topics clients may touch, how often a topic reaches them.
-# Parsed once at start-up (strings, lists: fine there); the checks run per connection or per
-# registration, never per message. The per-message part is Throttle, allocation-free.
-# Both ports use these (no fnmatch or ipaddress on MicroPython).
-# ---------------------------------------------------------------------------------------------
-# Every policy option: key, metavar, the sentence both ports' --help show (one "key metavar
-# text" line each, split at import, as LIMITS). Flags are --key-with-dashes; `throttle` may be
-# given more than once (and each takes a comma list).
-POLICY_OPTIONS = tuple([tuple(line.split(" ", 2)) for line in (
-    "allow_clients CIDR[,CIDR...] "
-    "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
-    "are closed at accept and counted (clients_refused_address); default: everyone\n"
-    "allow_topics GLOB[,GLOB...] "
-    "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
-    "others get ERROR topic_denied; default: every topic\n"
-    "deny_topics GLOB[,GLOB...] "
-    "topics refused with ERROR topic_denied even when --allow-topics matches\n"
-    "throttle GLOB=HZ "
-    "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
-    "within each period, the last one delivered at the period's end (repeatable)").split("\n")])
-
-
-def glob_match(pat, s):
-    """fnmatch-style match of the whole string: '*' is any run of characters ('/' included),
-    '?' any one character, everything else literal. Iterative with one backtrack point, so
-    O(len(pat) * len(s)) at worst and no recursion."""
-    p = i = 0
-    star = -1
-    mark = 0
-    np = len(pat)
-    ns = len(s)
-    while i < ns:
-        if p < np and (pat[p] == "?" or pat[p] == s[i]):
-            p += 1
-            i += 1
-        elif p < np and pat[p] == "*":
-            star = p
-            mark = i
-            p += 1
-        elif star >= 0:
-            p = star + 1
-            mark += 1
-            i = mark
-        else:
-            return False
-    while p < np and pat[p] == "*":
-        p += 1
-    return p == np
-
-
-def split_list(text):
-    """'a, b,,c' -> ['a', 'b', 'c']; a list (a repeated flag) is joined first."""
-    if isinstance(text, (list, tuple)):
-        text = ",".join(text)
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            out.append(part)
-    return out
-
-
-def parse_globs(text):
-    globs = split_list(text)
-    if not globs:
-        raise ValueError("expected GLOB[,GLOB...], got %r" % (text,))
-    return globs
-
-
-def _parse_ip4(text):
-    parts = text.split(".")
-    if len(parts) != 4:
-        return None
-    out = bytearray(4)
-    for k in range(4):
-        d = parts[k]
-        if not d or len(d) > 3 or not d.isdigit() or int(d) > 255:
-            return None
-        out[k] = int(d)
-    return bytes(out)
-
-
-def parse_ip(text):
-    """An IPv4 or IPv6 address as 4 or 16 bytes, or None. A zone ('%eth0') is ignored."""
-    if ":" not in text:
-        return _parse_ip4(text)
-    k = text.find("%")
-    if k >= 0:
-        text = text[:k]
-    tail = b""
-    last = text.rfind(":")
-    if "." in text[last + 1:]:  # ::ffff:1.2.3.4
-        tail = _parse_ip4(text[last + 1:])
-        if tail is None:
-            return None
-        text = text[:last + 1] + "0:0"
-    halves = text.split("::")
-    if len(halves) > 2:
-        return None
-    groups = []
-    for h in halves:
-        g = []
-        if h:
-            for x in h.split(":"):
-                if not x or len(x) > 4:
-                    return None
-                try:
-                    g.append(int(x, 16))
-                except ValueError:
-                    return None
-        groups.append(g)
-    if len(halves) == 2:
-        fill = 8 - len(groups[0]) - len(groups[1])
-        if fill < 1:
-            return None
-        words = groups[0] + [0] * fill + groups[1]
-    else:
-        words = groups[0]
-    if len(words) != 8:
-        return None
-    out = bytearray(16)
-    for k in range(8):
-        out[2 * k] = words[k] >> 8
-        out[2 * k + 1] = words[k] & 0xFF
-    if tail:
-        for k in range(4):
-            out[12 + k] = tail[k]
-    return bytes(out)
-
-
-_V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
-
-
-def parse_cidrs(text):
-    """'10.0.0.0/8, ::1' -> [(address bytes, prefix length)]; ValueError names the bad entry."""
-    nets = []
-    for part in split_list(text):
-        k = part.find("/")
-        addr = part if k < 0 else part[:k]
-        bits = "" if k < 0 else part[k + 1:]
-        ip = parse_ip(addr.strip())
-        if ip is None:
-            raise ValueError("%r is not an IPv4 or IPv6 address" % part)
-        if bits:
-            if not bits.strip().isdigit() or int(bits) > 8 * len(ip):
-                raise ValueError("%r: prefix length must be 0..%d" % (part, 8 * len(ip)))
-            n = int(bits)
-        else:
-            n = 8 * len(ip)
-        nets.append((ip, n))
-    if not nets:
-        raise ValueError("expected CIDR[,CIDR...], got %r" % (text,))
-    return nets
-
-
-def peer_address(peer):
-    """The peer's address as 4 or 16 bytes, from what accept() returned: a (host, port, ...)
-    tuple (CPython, most MicroPython ports) or a raw sockaddr (the MicroPython unix port:
-    family u16 in host order, then AF_INET port+4 bytes or AF_INET6 port+flow+16 bytes)."""
-    if isinstance(peer, tuple):
-        return parse_ip(peer[0]) if peer and isinstance(peer[0], str) else None
-    if isinstance(peer, (bytes, bytearray)) and len(peer) >= 8:
-        fam = peer[0] | (peer[1] << 8)
-        if fam == 2 or peer[1] == 2:  # AF_INET (either byte order)
-            return bytes(peer[4:8])
-        if len(peer) >= 24:  # AF_INET6 (10 on Linux, other values elsewhere)
-            return bytes(peer[8:24])
-    return None
-
-
-def cidr_match(nets, addr):
-    """Is `addr` (4 or 16 bytes) in one of `nets`? An IPv4-mapped IPv6 peer matches IPv4 nets."""
-    if addr is None:
-        return False
-    if len(addr) == 16 and addr[:12] == _V4_MAPPED:
-        v4 = addr[12:]
-    else:
-        v4 = None
-    for net, n in nets:
-        a = addr
-        if len(net) != len(a):
-            if v4 is None or len(net) != 4:
-                continue
-            a = v4
-        full = n >> 3
-        if a[:full] != net[:full]:
-            continue
-        rest = n & 7
-        if rest:
-            mask = (0xFF << (8 - rest)) & 0xFF
-            if (a[full] ^ net[full]) & mask:
-                continue
-        return True
-    return False
-
-
-def parse_throttle(items):
-    """['/imu/*=50', '/scan=10,/odom=20'] -> [(glob, period_ms)], first match wins."""
-    rules = []
-    for part in split_list(items):
-        k = part.rfind("=")
-        sep = k > 0
-        glob = part[:k].strip() if sep else ""
-        hz = part[k + 1:] if sep else ""
-        try:
-            f = float(hz)
-        except ValueError:
-            f = 0.0
-        if not sep or not glob or not f > 0 or f > 1000:
-            raise ValueError("--throttle expects GLOB=HZ with 0 < HZ <= 1000, got %r" % part)
-        rules.append((glob, max(1, int(1000 / f + 0.5))))
-    return rules
-
-
-class Policy:
-    """Allow-lists and throttle rules, parsed: Policy.from_options({key: text or None}) with the
-    keys of POLICY_OPTIONS raises ValueError with a line for a person."""
-
-    def __init__(self, allow_clients=None, allow_topics=None, deny_topics=None, throttle=None):
-        self.allow_clients = allow_clients or []  # [(address bytes, prefix)]; [] = everyone
-        self.allow_topics = allow_topics or []  # globs; [] = every topic
-        self.deny_topics = deny_topics or []
-        self.throttle = throttle or []  # [(glob, period_ms)]
-
-    @staticmethod
-    def from_options(opts):
-        def get(k):
-            v = opts.get(k)
-            return v if v else None
-        v = get("allow_clients")
-        clients = parse_cidrs(v) if v is not None else None
-        v = get("allow_topics")
-        allow = parse_globs(v) if v is not None else None
-        v = get("deny_topics")
-        deny = parse_globs(v) if v is not None else None
-        v = get("throttle")
-        thr = parse_throttle(v) if v is not None else None
-        return Policy(clients, allow, deny, thr)
-
-    def active(self):
-        return bool(self.allow_clients or self.allow_topics or self.deny_topics or self.throttle)
-
-    def client_allowed(self, peer):
-        return not self.allow_clients or cidr_match(self.allow_clients, peer_address(peer))
-
-    def topic_refusal(self, topic):
-        """None if clients may register `topic`, else the ERROR topic_denied message."""
-        for g in self.deny_topics:
-            if glob_match(g, topic):
-                return "%s is denied by --deny-topics %s" % (topic, g)
-        if self.allow_topics:
-            for g in self.allow_topics:
-                if glob_match(g, topic):
-                    return None
-            return "%s is not in --allow-topics" % topic
-        return None
-
-    def throttle_period(self, topic):
-        """Milliseconds between MESSAGEs on `topic` (first matching rule), 0 = not throttled."""
-        for g, ms in self.throttle:
-            if glob_match(g, topic):
-                return ms
-        return 0
-
-    def describe(self):
-        lines = []
-        if self.allow_clients:
-            lines.append("clients allowed from %d network(s)" % len(self.allow_clients))
-        if self.allow_topics:
-            lines.append("topics allowed: %s" % ", ".join(self.allow_topics))
-        if self.deny_topics:
-            lines.append("topics denied: %s" % ", ".join(self.deny_topics))
-        for g, ms in self.throttle:
-            lines.append("throttle %s: one MESSAGE per %d ms" % (g, ms))
-        return lines
-
-
-class Throttle:
-    """Per subscription slot rate limit, newest wins, for Gateway.ros_message.
-
-    A throttled slot owns one of `max_throttled` holding buffers (max_payload bytes each,
-    allocated here once). Time is cut into periods of `period` ms per slot: the first message
-    of a period goes out at once; later ones overwrite the holding buffer; when the period ends
-    the held (newest) one goes out (Gateway.tick -> due()). Over a busy stream that is exactly
-    one MESSAGE per period, and the last message of a burst is never lost, only delayed.
-    """
-
-    def __init__(self, max_topics, max_throttled, max_payload, new_buffer=bytearray):
-        self.period = [0] * max_topics  # ms per sub slot; 0 = not throttled
-        self.nxt = [0] * max_topics  # when the slot's current period ends
-        self.pool_of = [-1] * max_topics  # holding buffer of the slot, -1 none
-        self.slot = [-1] * max_throttled  # slot of each holding buffer, -1 free
-        self.held = [-1] * max_throttled  # bytes held, -1 none
-        self.buf = [new_buffer(max_payload) for _ in range(max_throttled)]
-        self.passing = False  # the next admit() is a held message on its way out
-        self.out_n = 0
-        self.superseded = 0  # messages overwritten by a newer one within their period
-        self.unheld = 0  # slots left unthrottled: every holding buffer was in use
-
-    def bind(self, slot, period, now, refs):
-        """A new subscription slot: throttle it at `period` ms (0: not). `refs` are the sub
-        slots' reference counts: buffers of freed slots are reclaimed here. False when no
-        holding buffer is free (the slot then goes unthrottled)."""
-        i = self.pool_of[slot]
-        if i >= 0:  # a freed slot reused: its old state goes
-            self.slot[i] = -1
-            self.held[i] = -1
-            self.pool_of[slot] = -1
-        self.period[slot] = 0
-        if period <= 0:
-            return True
-        free = -1
-        for k in range(len(self.slot)):
-            s = self.slot[k]
-            if s >= 0 and not refs[s]:
-                self.slot[k] = -1
-                self.held[k] = -1
-                self.pool_of[s] = -1
-                self.period[s] = 0
-                s = -1
-            if s < 0 and free < 0:
-                free = k
-        if free < 0:
-            self.unheld += 1
-            return False
-        self.slot[free] = slot
-        self.held[free] = -1
-        self.pool_of[slot] = free
-        self.period[slot] = period
-        self.nxt[slot] = now
-        return True
-
-    def admit(self, slot, buf, off, n, now):
-        """True: fan this message out now. False: it is held (newest wins) until due()."""
-        if self.passing:
-            self.passing = False
-            return True
-        per = self.period[slot]
-        if per == 0:
-            return True
-        i = self.pool_of[slot]
-        if now - self.nxt[slot] >= 0:
-            if self.held[i] >= 0:  # an older held one is superseded by this newer one
-                self.held[i] = -1
-                self.superseded += 1
-            self._advance(slot, now)
-            return True
-        if n > len(self.buf[i]):
-            return True  # cannot hold it: never lose it
-        if self.held[i] >= 0:
-            self.superseded += 1
-        copy_into(self.buf[i], 0, buf, off, n)
-        self.held[i] = n
-        return False
-
-    def _advance(self, slot, now):
-        # Keep the cadence (one message per period on average) unless the stream paused.
-        t = self.nxt[slot] + self.period[slot]
-        if now - t >= 0:
-            t = now + self.period[slot]
-        self.nxt[slot] = t
-
-    def due(self, now):
-        """A holding buffer whose period ended, or -1. Its message (out_n bytes of buf[i], for
-        slot[i]) must be fanned out now: the next admit() lets it through."""
-        for i in range(len(self.slot)):
-            if self.held[i] >= 0 and now - self.nxt[self.slot[i]] >= 0:
-                self.out_n = self.held[i]
-                self.held[i] = -1
-                self._advance(self.slot[i], now)
-                self.passing = True
-                return i
-        return -1
-
-    def deadline(self, now):
-        """Milliseconds until due() has work (1000 when nothing is held)."""
-        t = 1000
-        for i in range(len(self.slot)):
-            if self.held[i] >= 0:
-                t = min(t, self.nxt[self.slot[i]] - now)
-        return max(0, t)
-
-    def rebase(self, d):
-        for s in range(len(self.nxt)):
-            self.nxt[s] -= d
-
-
 # ---------------------------------------------------------------------------
 # Link: gateway <-> companion over serial or UDP (sans-IO).  Layout and
 # reasoning: docs/LINK.md.  Self-contained section: it only needs struct,
@@ -2268,7 +1679,7 @@ _LK_SYNC = b"\xa5\x4e"
 _LK_HDR = const(8)          # sync(2) len(2) ctl(1) hck(1) seq(1) ack(1)
 LK_OVH = const(12)         # header + CRC-32
 LK_RESIDUE = const(0x2144DF1C)  # CRC-32 of (frame + its own CRC, LE): a small int on MicroPython
-_LK_RHDR_MAX = const(8)     # record header: type(1) slot varint(<=3) len varint(<=4)
+LK_RHDR_MAX = const(8)     # record header: type(1) slot varint(<=3) len varint(<=4)
 
 # frame kinds (low nibble of ctl)
 LK_HELLO = const(1)
@@ -2301,9 +1712,7 @@ _LK_FT_MASK = const(_LK_WMAX - 1)  # at most peer_window <= _LK_WMAX, so seq & _
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
-_LK_MAC = const(8)          # truncated HMAC-SHA256
-LK_TAG = const(4 + _LK_MAC)  # counter u32 + MAC
-_LK_CTR_MAX = const(0x3FFFFF00)  # counters stay small ints on MicroPython; the session renews before
+LK_TAG = const(12)          # a keyed frame's trailer: counter u32 + 8 bytes of HMAC (ubrb_keyed)
 _LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
 _LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
 _LK_STATS_SHARE = const(200)  # stats take at most 1/200 of a paced line's time (see send_stats)
@@ -2359,64 +1768,20 @@ def _lk_crc(buf, off, n, seed):
     return _lk_crc32(memoryview(buf)[off:off + n], seed)
 
 
-try:  # hashlib.sha256 exists on CPython and on the MicroPython ports we target
-    from hashlib import sha256 as _lk_sha256
-except ImportError:  # pragma: no cover - a port without it can still run unkeyed links
-    _lk_sha256 = None  # type: ignore[assignment]
-
-
-def lk_hmac_pads(key):
-    """The two key blocks of HMAC-SHA256 (RFC 2104) for `key`, computed once per key: with them a
-    MAC is two fresh hash objects (MicroPython's cannot be copied, so none can be kept primed)."""
-    if len(key) > 64:
-        key = _lk_sha256(key).digest()
-    i = bytearray(64)
-    o = bytearray(64)
-    for k in range(len(key)):
-        i[k] = key[k]
-        o[k] = key[k]
-    for k in range(64):
-        i[k] ^= 0x36
-        o[k] ^= 0x5C
-    return bytes(i), bytes(o)
-
-
-def lk_hmac(k_in, k_out, data):
-    """HMAC-SHA256 of `data` (any buffer) with the key blocks of lk_hmac_pads."""
-    h = _lk_sha256(k_in)
-    h.update(data)
-    o = _lk_sha256(k_out)
-    o.update(h.digest())
-    return o.digest()
-
-
-def parse_link_key(text):
-    """The link key in a key file's text: hex digits, whitespace anywhere ignored, at least 32
-    (16 bytes). ValueError with a sentence for a person otherwise."""
-    from binascii import unhexlify
-
-    h = "".join(text.split())
-    if len(h) < 32 or len(h) % 2:
-        raise ValueError("a link key is an even number of hex digits, at least 32 (16 bytes); "
-                         "found %d digits (make link-key writes one)" % len(h))
-    try:
-        return unhexlify(h)
-    except ValueError:
-        raise ValueError("a link key is hex digits only (0-9, a-f)")
-
-
-def link_needs_key(url):
-    """True when `url` is a link over the network to (or, at the companion, on) a non-loopback
-    address: UDP, or a serial link through a pyserial network URL (socket://, rfc2217://). Such a
-    link must be keyed, or started with --insecure-link (docs/LINK.md). A serial device needs none."""
-    kind, host, _ = parse_link_url(url)
-    if kind == "serial":
-        if not (host.startswith("socket://") or host.startswith("rfc2217://")):
-            return False                 # a device, a UART number, loop:// ...
-        host = host[host.find("://") + 3:].split("/")[0].rsplit(":", 1)[0].strip("[]")
-    elif kind != "udp":
+def lk_replayed(win, seq, d):
+    """The anti-replay window (as IPsec's) of the best-effort frames and of a keyed link's frame
+    counters: `win` is [highest seq seen, mask], bit i of the mask is seq highest-1-i; `d` is how
+    far `seq` is ahead of the highest (0 or less: at or behind it). True: seen before, or too old
+    to tell (drop it); False: new, now recorded. 24 bits: the mask stays a small int."""
+    if d > 0:
+        win[1] = 0 if d > 24 else ((win[1] & ((1 << (24 - d)) - 1)) << d) | (1 << (d - 1))
+        win[0] = seq
         return False
-    return not (host == "localhost" or host == "::1" or host.startswith("127."))
+    d = -d
+    if d == 0 or d > 24 or win[1] & (1 << (d - 1)):
+        return True
+    win[1] |= 1 << (d - 1)
+    return False
 
 
 def _lk_putvar(b, p, v):
@@ -2448,92 +1813,9 @@ def _lk_ring_get(dst, doff, ring, pos, n):
         copy_into(dst, doff + k, ring, 0, n - k)
 
 
-# ---- link configuration: one grammar, one sizing, one pacing, for every port ----------------
-_LINK_DEFAULT_UDP_PORT = const(8269)
-LINK_DEFAULT_MTU = const(1400)      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
-LINK_SERIAL_FRAME = const(1088)     # serial frame cap: a 1 KiB message and its headers fit one frame
-                             # (95 ms at 115200 baud)
+# ---- link pacing: a serial line's write credit, for every port ------------------------------
 LINK_MAX_MESSAGE = const((1 << 23) - 64)  # largest message any link session carries (lengths < 2**24)
 LINK_PACE_MS = const(60)            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
-# Bytes of reliable frames a receiver lets be in flight towards it (window x max_frame): a UDP
-# socket's default receive queue (Linux: 212992 B of kernel accounting, ~2x each datagram) holds
-# only 12 datagrams of 8 KiB, so 16 frames at --link-mtu 8192 had the kernel drop the tail of
-# every window, unseen, and go-back-N resend the same overflowing burst (30k -> 500 msg/s).
-LINK_WINDOW_BYTES = const(64 * 1024)
-
-
-def parse_link_url(url):
-    """The link grammar of every port and of the companion:
-
-      udp://HOST[:PORT]   ('udp', HOST, PORT); PORT defaults to 8269; HOST may be [v6]
-      serial:PATH         ('serial', PATH, 0); PATH is a device or pyserial URL on CPython and a
-      uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID)
-      none (or empty)     ('none', '', 0): no link, no ROS side
-
-    ValueError, with a sentence for a person, for anything else."""
-    if url is None or url == "" or url == "none":
-        return "none", "", 0
-    if url.startswith("udp://"):
-        rest = url[6:].rstrip("/")
-        if rest.startswith("["):
-            host, _, port = rest[1:].partition("]")
-            port = port[1:] if port.startswith(":") else port
-        else:
-            host, sep, port = rest.rpartition(":")
-            if not sep:
-                host, port = rest, ""
-        if not host:
-            raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d"
-                             % _LINK_DEFAULT_UDP_PORT)
-        if not port:
-            return "udp", host, _LINK_DEFAULT_UDP_PORT
-        try:
-            n = int(port)
-        except ValueError:
-            raise ValueError("bad port %r in %r: expected a number 1-65535" % (port, url))
-        if not 1 <= n <= 65535:
-            raise ValueError("port %d in %r is out of range: expected 1-65535" % (n, url))
-        return "udp", host, n
-    for prefix in ("serial:", "uart:"):
-        if url.startswith(prefix):
-            path = url[len(prefix):]
-            if not path:
-                raise ValueError("%s needs a device, e.g. serial:/dev/ttyACM0 or uart:1" % prefix)
-            return "serial", path, 0
-    raise ValueError("unknown link %r: use udp://HOST:PORT or serial:PATH (or none)" % url)
-
-
-def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
-    """The buffers of one link session, for either end and every port: a dict with max_message,
-    max_frame, window, rel_bytes (reliable send ring), be_bytes (best-effort ring) and total
-    (every buffer the session allocates). Rings follow the largest message, so a small profile
-    (mcu) gets small rings, a big one room for a few messages in flight."""
-    mm = min(max_message, LINK_MAX_MESSAGE)
-    frame = mtu if datagram else LINK_SERIAL_FRAME
-    # UDP on a LAN sustains a wider window; a serial line or a board's small rx queues do not.
-    # Big frames take fewer: a window must fit the receive queue (LINK_WINDOW_BYTES).
-    window = 16 if datagram and mm > 4 * _KIB else 8
-    if window * frame > LINK_WINDOW_BYTES:
-        window = LINK_WINDOW_BYTES // frame if frame < LINK_WINDOW_BYTES else 1
-    # Reliable ring: up to four largest messages in flight (at most 256 KiB); for messages of
-    # 2 KiB and less (the mcu profile, a board's heap) two, beside the 1/4 control reserve.
-    if mm > 2 * _KIB:
-        rel = max(2 * mm, min(4 * mm, 256 * _KIB))
-    else:
-        rel = max(4 * _KIB, (8 * (mm + _LK_RHDR_MAX) + 2) // 3)
-    be = max(4 * _KIB, mm + 6 + _LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
-    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + _LK_RHDR_MAX) + rel + be
-    return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
-            "be_bytes": be, "total": total}
-
-
-def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
-                     max_slots=256, key=None, nonce=None):
-    """A LinkSession sized by link_sizes(): how every port and the companion make one. `key`:
-    the link key (bytes) or None; `nonce`: the port's random source for new epochs."""
-    z = link_sizes(max_message, datagram, mtu)
-    return LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
-                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots, key, nonce)
 
 
 def pace_credit(credit, elapsed_ms, bytes_per_s):
@@ -2650,10 +1932,10 @@ _LKC_NEW = const(24)
 _LKC_HELLO_TX = const(25)
 _LKC_HELLO_RX = const(26)
 _LKC_PROTO = const(27)
-_LKC_STALE = const(28)
+LKC_STALE = const(28)
 _LKC_TRUNC = const(29)
-_LKC_AUTH = const(30)
-_LKC_REPLAY = const(31)
+LKC_AUTH = const(30)
+LKC_REPLAY = const(31)
 _LKC_DESYNC = const(32)
 _LKC_RENEW = const(33)
 _LKC_HELLO_OK = const(34)
@@ -2704,7 +1986,7 @@ class LinkSession:
         self.tx_mv = memoryview(self.tx_buf)
         self.rx = bytearray(0 if datagram else 2 * max_frame)  # stream mode only
         self.rx_n = 0
-        self.rec_header = bytearray(_LK_RHDR_MAX)  # scratch: a record header being written
+        self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
         # record header being parsed: type, slot, length (varints)
         self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
         # -- reliable class: a ring of wire records, go-back-N over a frame table of _LK_WMAX
@@ -2716,17 +1998,18 @@ class LinkSession:
         self.frame_len = array("H", bytes(2 * _LK_WMAX))
         self.frame_sent_at = [0] * _LK_WMAX  # ms: a list (CPython's clock outgrows an array's int)
         self.frame_retx = bytearray(_LK_WMAX)
-        self.rec_buf = bytearray(max_message + _LK_RHDR_MAX)  # a reliable record being assembled
+        self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
         self.be_tag = bytearray(6)
+        self.be_win = [255, 0]
         self.be_last = array("i", [-1] * (max_slots + 1))  # per slot: ring position of its
         # newest record (-1: none)
         # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
         # set_depth) and how many do (live, not started)
         self.be_depth = bytearray(b"\x01" * (max_slots + 1))
         self.be_cnt = bytearray(max_slots + 1)
-        self.frag_buf = bytearray(max_message + _LK_RHDR_MAX)  # a fragmented record reassembled
+        self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
         # -- counters, by the _LKC_* indices of _LK_COUNTERS' names (small ints: increments
         # allocate nothing); counters() reports them by name
         self.stat_counts = [0] * _LKC_N
@@ -2737,18 +2020,15 @@ class LinkSession:
         self.used = False
         self.nonce = nonce  # callable -> a random int: new epochs (keyed: must be unpredictable)
         self.bad_ack_at = -1  # since when the peer acks what we never sent (-1: it does not)
+        # a keyed link: ubrb_keyed's LinkMac signs and checks every frame (imported only for a
+        # link with a key: an unkeyed gateway never loads the MAC code)
+        self.mac = None
+        if key is not None:
+            from ubrb_keyed import LinkMac
+
+            self.mac = LinkMac(key)
         self.tag = LK_TAG if key is not None else 0  # MAC trailer bytes per frame
         self.ovh = LK_OVH + self.tag
-        self.k_in = self.k_out = None  # the link key's HMAC blocks (HELLOs, session keys)
-        self.s_in = self.s_out = None  # the session key's (every other frame)
-        if key is not None:
-            if _lk_sha256 is None:
-                raise ValueError("a keyed link needs hashlib.sha256")
-            self.k_in, self.k_out = lk_hmac_pads(key)
-        self.tx_ctr = self.rx_hi = self.rx_mask = 0  # frame counters of this session
-        self.hello_ctr = 0  # my HELLOs, counted so a replayed one is told apart
-        self.peer_hello = 0  # the last HELLO counter accepted from the peer epoch
-        self.rx_ctr = 0  # counter of the frame being handled
         self._reset_stream()
 
     # ---- state ---------------------------------------------------------
@@ -2773,8 +2053,8 @@ class LinkSession:
         self.frag_total = self.frag_have = self.frag_seq = self.frag_started_at = 0
         self.be_head = self.be_n = self.be_live = self.be_sent_part = 0
         self.be_seq = 0
-        self.be_hi = 255
-        self.be_mask = 0
+        self.be_win[0] = 255  # lk_replayed's window over best-effort seqs
+        self.be_win[1] = 0
         for i in range(len(self.be_last)):
             self.be_last[i] = -1
             self.be_cnt[i] = 0
@@ -2783,11 +2063,18 @@ class LinkSession:
     def is_up(self):
         return self.state == LINK_UP
 
+    def _go_down(self):
+        # the one way out of LINK_UP: the dead timer, a new peer session, a desync
+        if self.state == LINK_UP:
+            self.state = _LINK_DOWN
+            self.stat_counts[_LKC_DOWN] += 1
+            self.handler.link_down()
+
     def max_send(self):
         """Largest message send() accepts in both classes right now."""
         m = self.peer_max_message
-        r = len(self.rel) - self.rel_res - _LK_RHDR_MAX
-        b = len(self.be) - 6 - _LK_RHDR_MAX
+        r = len(self.rel) - self.rel_res - LK_RHDR_MAX
+        b = len(self.be) - 6 - LK_RHDR_MAX
         if r < m:
             m = r
         if b < m:
@@ -2808,7 +2095,7 @@ class LinkSession:
         where it came from (the client's socket, a DDS reader) instead of in the ring, where it
         would delay registrations and results by the whole ring's line time."""
         q = self.rel_queued
-        if q + n + _LK_RHDR_MAX > len(self.rel) - self.rel_res:
+        if q + n + LK_RHDR_MAX > len(self.rel) - self.rel_res:
             return False
         return q - self.rel_framed < self.peer_window * self.peer_max_frame
 
@@ -2975,8 +2262,8 @@ class LinkSession:
         return L
 
     def _seal(self, L, seed, now):
-        if self.tag:
-            self._mac_out(L)
+        if self.mac is not None:
+            self.mac.seal(self.tx_buf, self.tx_mv, L)
         # On MicroPython the slice (16 B) and, 3 times in 4, the CRC value (a big int,
         # 32 B) are the only allocations of a sent frame; pack_into takes the big int
         # as is (c & 0xFF etc. would each allocate another one).
@@ -2999,77 +2286,10 @@ class LinkSession:
                          self.max_frame, self.max_message, self.window,
                          (0 if self.state == LINK_UP else _LK_HF_REPLY) |
                          (_LK_HF_KEYED if self.tag else 0))
-        self.hello_ctr += 1
         self.hello_reply = False
         self.hello_at = now + LK_HELLO_MS
         self.stat_counts[_LKC_HELLO_TX] += 1
         return self._seal(L, 0, now)
-
-    # ---- the MAC trailer of a keyed link: counter u32 LE + 8 bytes of HMAC-SHA256 over the
-    # frame from sync to counter; HELLOs under the link key (counter: my HELLO count), every
-    # other frame under the session key (counter: this session's frame count, never reused)
-    def _mac_out(self, L):
-        b = self.tx_buf
-        q = L - 4 - LK_TAG
-        if b[4] & 15 == LK_HELLO:
-            c = self.hello_ctr
-            ki = self.k_in
-            ko = self.k_out
-        else:
-            self.tx_ctr += 1
-            c = self.tx_ctr
-            ki = self.s_in
-            ko = self.s_out
-        b[q] = c & 0xFF
-        b[q + 1] = (c >> 8) & 0xFF
-        b[q + 2] = (c >> 16) & 0xFF
-        b[q + 3] = c >> 24
-        d = lk_hmac(ki, ko, self.tx_mv[0:q + 4])
-        for i in range(_LK_MAC):
-            b[q + 4 + i] = d[i]
-
-    def _mac_ok(self, b, p, L, kind):
-        # verify a received frame's trailer; False (counted) drops the frame
-        q = p + L - 4 - LK_TAG
-        if L < self.ovh or b[q + 3] >= 0x40:
-            self.stat_counts[_LKC_AUTH] += 1
-            return False
-        if kind == LK_HELLO:
-            ki = self.k_in
-            ko = self.k_out
-        elif self.s_in is None:
-            self.stat_counts[_LKC_STALE] += 1
-            return False
-        else:
-            ki = self.s_in
-            ko = self.s_out
-        d = lk_hmac(ki, ko, memoryview(b)[p:q + 4])
-        x = 0
-        for i in range(_LK_MAC):
-            x |= d[i] ^ b[q + 4 + i]
-        if x:
-            self.stat_counts[_LKC_AUTH] += 1
-            return False
-        c = b[q] | (b[q + 1] << 8) | (b[q + 2] << 16) | (b[q + 3] << 24)
-        self.rx_ctr = c
-        if kind == LK_HELLO:
-            return True                  # its counter is judged in _on_hello
-        # anti-replay window over the session's frame counter (as _be_dup)
-        d = c - self.rx_hi
-        if d > 0:
-            if d > 24:
-                self.rx_mask = 0
-            else:
-                m = self.rx_mask & ((1 << (24 - d)) - 1)
-                self.rx_mask = (m << d) | (1 << (d - 1))
-            self.rx_hi = c
-            return True
-        d = -d
-        if d == 0 or d > 24 or self.rx_mask & (1 << (d - 1)):
-            self.stat_counts[_LKC_REPLAY] += 1
-            return False
-        self.rx_mask |= 1 << (d - 1)
-        return True
 
     def poll_tx(self, now):
         """Build the next frame in tx_buf; returns its length (0: nothing)."""
@@ -3182,14 +2402,12 @@ class LinkSession:
 
     def tick(self, now):
         self.now = now
-        if self.tx_ctr > _LK_CTR_MAX or self.rx_hi > _LK_CTR_MAX:
+        if self.mac is not None and self.mac.exhausted():
             self._desync(now)             # counters exhausted: a new session, new keys
         if self.state == LINK_UP:
             if now - self.last_rx >= LK_DEAD_MS:
-                self.state = _LINK_DOWN
-                self.stat_counts[_LKC_DOWN] += 1
+                self._go_down()
                 self.hello_at = now
-                self.handler.link_down()
             else:
                 self._timer(now)
         if self.frag_active and now - self.frag_started_at >= LK_FRAG_MS:
@@ -3274,7 +2492,7 @@ class LinkSession:
                 self.stat_counts[_LKC_CRC_ERR] += 1
                 p += 1
                 continue
-            if not self.tag or self._mac_ok(b, p, L, kind):
+            if self.mac is None or self.mac.check(b, p, L, kind, self.stat_counts):
                 self._frame(b, p, L, ctl)
             p += L
         return p
@@ -3287,7 +2505,7 @@ class LinkSession:
             self._on_hello(b, p + _LK_HDR, L - self.ovh, now)
             return
         if self.state != LINK_UP:
-            self.stat_counts[_LKC_STALE] += 1
+            self.stat_counts[LKC_STALE] += 1
             return
         self.last_rx = now
         a = b[p + 7]
@@ -3324,27 +2542,9 @@ class LinkSession:
             self.stat_counts[_LKC_PROTO] += 1
 
     def _be_dup(self, seq):
-        # anti-replay window (as in IPsec): best-effort frames are never delivered twice
-        # (UDP may duplicate them); bit i of be_mask is seq be_hi-1-i; 24 bits stay small ints
-        d = (seq - self.be_hi) & 255
-        if d == 0:
-            return True
-        if d < 128:
-            if d > 24:
-                self.be_mask = 0
-            else:
-                m = self.be_mask & ((1 << (24 - d)) - 1)
-                self.be_mask = (m << d) | (1 << (d - 1))
-            self.be_hi = seq
-            return False
-        d = (self.be_hi - seq) & 255
-        if d > 24:
-            return True             # too old to tell: treat as stale
-        bit = 1 << (d - 1)
-        if self.be_mask & bit:
-            return True
-        self.be_mask |= bit
-        return False
+        # best-effort frames are never delivered twice (UDP may duplicate them): seqs mod 256
+        d = (seq - self.be_win[0]) & 255
+        return lk_replayed(self.be_win, seq, d if d < 128 else d - 256)
 
     def _on_hello(self, b, p, n, now):
         if n < 18 or b[p] != _LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
@@ -3366,20 +2566,18 @@ class LinkSession:
                 self.hello_reply = True
                 return
             # a new peer session: the old stream is gone for good, on both ends
-            if self.state == LINK_UP:
-                self.state = _LINK_DOWN
-                self.stat_counts[_LKC_DOWN] += 1
-                self.handler.link_down()
+            self._go_down()
             self._discard()
             self.peer_epoch = pe
             self.fresh = True
             self.stat_counts[_LKC_NEW] += 1
             self._rekey()
             verified = ye == self.epoch      # _discard may have renewed our epoch
-        elif self.tag and self.rx_ctr <= self.peer_hello:
-            self.stat_counts[_LKC_REPLAY] += 1      # a HELLO of this peer seen before: replayed
+        elif self.mac is not None and self.mac.rx_ctr <= self.mac.peer_hello:
+            self.stat_counts[LKC_REPLAY] += 1      # a HELLO of this peer seen before: replayed
             return
-        self.peer_hello = self.rx_ctr
+        if self.mac is not None:
+            self.mac.peer_hello = self.mac.rx_ctr
         self.peer_max_frame = min(pf, self.max_frame)
         self.peer_max_message = pm
         self.peer_window = max(1, min(pw, _LK_WMAX))
@@ -3414,7 +2612,8 @@ class LinkSession:
             e &= 0x3FFFFFFF
             self.epoch = e if e and e != self.epoch else (self.epoch + 1) & 0x3FFFFFFF or 1
             self.stat_counts[_LKC_RENEW] += 1
-        self.peer_hello = 0
+        if self.mac is not None:
+            self.mac.peer_hello = 0
 
     def _rekey(self):
         # the session key of (gateway epoch, companion epoch): the CRC seed, and on a keyed link
@@ -3422,20 +2621,14 @@ class LinkSession:
         g = self.epoch if self.is_gateway else self.peer_epoch
         c = self.peer_epoch if self.is_gateway else self.epoch
         self.seed = (g * 31 + c) & 0x3FFFFFFF
-        self.tx_ctr = self.rx_hi = self.rx_mask = 0
-        if self.tag:
-            m = bytearray(b"UBRB-LINK\x00\x00\x00\x00\x00\x00\x00\x00")
-            struct.pack_into("<II", m, 9, g, c)
-            self.s_in, self.s_out = lk_hmac_pads(lk_hmac(self.k_in, self.k_out, m))
+        if self.mac is not None:
+            self.mac.rekey(g, c)
 
     def _desync(self, now):
         # the two ends disagree about the stream (or its counters ran out): drop it and
         # handshake anew with a new epoch, so the peer drops its side too (section 3)
         self.stat_counts[_LKC_DESYNC] += 1
-        if self.state == LINK_UP:
-            self.state = _LINK_DOWN
-            self.stat_counts[_LKC_DOWN] += 1
-            self.handler.link_down()
+        self._go_down()
         self.used = True
         self._discard()
         self._rekey()
@@ -3536,7 +2729,7 @@ class LinkSession:
     def _rel_body(self, b, p, end):
         # the reliable channel is a byte stream of records: they may span frames
         while p < end:
-            if end - p >= _LK_RHDR_MAX and self.rec_have == 0 and self.skip == 0:
+            if end - p >= LK_RHDR_MAX and self.rec_have == 0 and self.skip == 0:
                 # The common record, parsed inline (no call per varint): a whole header here,
                 # slot < 128, length < 2**21 and allowed. Anything else takes the general path.
                 s = b[p + 1]
@@ -3597,7 +2790,7 @@ class LinkSession:
                 self.rec_have += 1
                 p += 1
                 h = self._hdr(self.rec_buf, 0, self.rec_have)
-                if h < 0 or (h == 0 and self.rec_have >= _LK_RHDR_MAX):
+                if h < 0 or (h == 0 and self.rec_have >= LK_RHDR_MAX):
                     self.stat_counts[_LKC_PROTO] += 1
                     self.rec_have = 0
                     return
@@ -3932,7 +3125,7 @@ class LinkRosPort:
             return False
         last.update(ch)
         self.stats_at = now
-        n = len(b) + LK_OVH + _LK_RHDR_MAX
+        n = len(b) + LK_OVH + LK_RHDR_MAX
         self.stats_gap = n * 1000 * _LK_STATS_SHARE // s.line_bps if s.line_bps else 0
         return True
 

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ports", "cpython"))
 
 import ubrb_min as L  # noqa: E402
+import ubrb_setup  # noqa: E402
 from ubrb_host.cli import script_parser  # noqa: E402
 
 
@@ -89,8 +90,8 @@ def stream(datagram: bool, frame: int, size: int, count: int, reliable: bool,
 def main() -> None:
     script_parser("bench/link_efficiency.py", __doc__ or "").parse_args()
     rows = []
-    for name, dg, frame in (("serial", False, L.LINK_SERIAL_FRAME), ("serial 1K", False, 1024),
-                            ("serial 2K", False, 2048), ("udp", True, L.LINK_DEFAULT_MTU)):
+    for name, dg, frame in (("serial", False, ubrb_setup.LINK_SERIAL_FRAME), ("serial 1K", False, 1024),
+                            ("serial 2K", False, 2048), ("udp", True, ubrb_setup.LINK_DEFAULT_MTU)):
         for size in (64, 1024):
             for rel in (True, False):
                 f, both, ovh = stream(dg, frame, size, 3000 if size == 64 else 600, rel)

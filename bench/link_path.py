@@ -26,6 +26,7 @@ from typing import Any, List
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ubrb_min as U  # noqa: E402
+import ubrb_setup
 from bench import relay_paths as RP  # noqa: E402
 from ros_side.companion import Companion  # noqa: E402
 from ros_side.link_end import LinkCompanionEnd  # noqa: E402
@@ -54,12 +55,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=200000)
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--mtu", type=int, default=U.LINK_DEFAULT_MTU)
+    ap.add_argument("--mtu", type=int, default=ubrb_setup.LINK_DEFAULT_MTU)
     a = ap.parse_args()
-    g = U.new_link_session(None, 11, True, True, 65536, a.mtu)
-    c = U.new_link_session(None, 22, False, True, 65536, a.mtu)
+    g = ubrb_setup.new_link_session(None, 11, True, True, 65536, a.mtu)
+    c = ubrb_setup.new_link_session(None, 22, False, True, 65536, a.mtu)
     g.window = c.window = 32
-    gw = U.Gateway(U.make_profile("pc", {}), ros=U.LinkRosPort(g))
+    gw = U.Gateway(ubrb_setup.make_profile("pc", {}), ros=U.LinkRosPort(g))
     comp = Companion(IdleBackend())
     comp.sink = LinkCompanionEnd(c, comp)
     now = 1

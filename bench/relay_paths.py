@@ -10,6 +10,7 @@
 import struct
 
 import ubrb_min as U
+import ubrb_setup
 
 QOS = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 
@@ -55,7 +56,7 @@ def connect(gw, data):
 
 
 def core(size):
-    prof = U.make_profile("mcu", {
+    prof = ubrb_setup.make_profile("mcu", {
         "max_clients": 3, "max_pubs": 4, "max_subs": 4, "max_topics": 6,
         "max_payload": size + 64, "max_control": 512, "queue_bytes": 4 * size + 8192,
         "control_reserve": 1024,

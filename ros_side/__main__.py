@@ -50,6 +50,7 @@ def _use_source_tree() -> None:
 _use_source_tree()
 
 import ubrb_min as core  # noqa: E402
+import ubrb_setup  # noqa: E402
 from ubrb_host import cli as host_cli  # noqa: E402
 from ubrb_host import link as host_link  # noqa: E402
 from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
@@ -144,15 +145,15 @@ def run_direct(args: argparse.Namespace) -> int:
     profile = host_cli.load_profile(args, program_name())
     if profile is None:
         return 2
-    policy = host_cli.load_policy(args, "ros_side")
-    if policy is None:
+    ok, policy = host_cli.load_policy(args, "ros_side")
+    if not ok:
         return 2
     host_cli.log_budget(args.profile, profile)
     companion = make_companion(args, None, profile["max_payload"])
     declare_parameters(companion, args)
     gw = core.Gateway(profile, ros=companion, log=host_cli.make_logger(), new_buffer=mapped_buffer)
-    if policy.active():
-        gw.set_policy(policy, new_buffer=mapped_buffer)
+    if policy is not None:
+        ubrb_setup.apply_policy(gw, policy, new_buffer=mapped_buffer)
     try:
         server = GatewayServer(gw, host_cli.parse_hostport(args.listen),
                                link=CompanionPump(companion))
@@ -190,7 +191,7 @@ def run_link(args: argparse.Namespace) -> int:
     companion = make_companion(args, None, max_message)
     declare_parameters(companion, args)
     try:
-        if core.parse_link_url(args.link)[0] == "none":
+        if ubrb_setup.parse_link_url(args.link)[0] == "none":
             raise ValueError("the companion needs a link (udp://HOST:PORT or serial:PATH)")
         session, driver = host_link.open_link(
             args.link, False, max_message, baud=args.baud, mtu=args.link_mtu,

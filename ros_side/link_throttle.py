@@ -8,14 +8,14 @@
 #
 # Written in the core's dialect (no annotations, %-formatting): link_end imports it, and the
 # MicroPython tests run link_end.
-import ubrb_min as L
+import ubrb_policy
 
 CAPACITY = 256  # throttled subscription slots at once; more go unthrottled here (the gateway's stays)
 
 
 class LinkThrottle:
     def __init__(self, capacity=CAPACITY):
-        self.t = L.Throttle(capacity, capacity, 0)  # empty buffers: grown on demand
+        self.t = ubrb_policy.Throttle(capacity, capacity, 0)  # empty buffers: grown on demand
         self.idx = {}                 # link slot -> dense index
         self.slot_of = [-1] * capacity  # dense index -> link slot
         self.refs = bytearray(capacity)  # Throttle.bind's "is this index live"

@@ -66,8 +66,12 @@ MPY_CROSS_FLAGS = ("-O3",)
 # MicroPython imports from a folder without one, and each would cost a module and its qstrs.
 MODULES: Tuple[Tuple[str, str], ...] = (
     ("ubrb_min.py", "ubrb_min"),
+    ("ubrb_setup.py", "ubrb_setup"),  # start-up only: unloaded before the gateway serves
+    ("ubrb_policy.py", "ubrb_policy"),  # loaded only with a policy flag
+    ("ubrb_keyed.py", "ubrb_keyed"),  # loaded only with --link-key
     ("ports/micropython/run.py", "ports/micropython/run"),
-    ("ports/micropython/gateway.py", "ports/micropython/gateway"),
+    ("ports/micropython/gateway.py", "ports/micropython/gateway"),  # start-up only
+    ("ports/micropython/build.py", "ports/micropython/build"),  # start-up only
     ("ports/micropython/loop.py", "ports/micropython/loop"),
     ("ports/micropython/link.py", "ports/micropython/link"),
 )

@@ -4,8 +4,29 @@
 # main.py calls `gateway.main([...flags...])` or `gateway.main({...options...})` (see README.md
 # next to this file). The counterpart of ports/cpython/gateway.py; the loop is loop.py, the link
 # link.py, as ubrb_host.loop and ubrb_host.link are on CPython.
-import ubrb_min as core
-from ports.micropython.loop import Log, STATS_MS, default_io
+import ubrb_setup as setup
+from ports.micropython.loop import IO, Log, STATS_MS
+
+try:
+    import socket as _socket
+except ImportError:  # the WebAssembly build used by the tests has none
+    _socket = None  # type: ignore[assignment]
+try:
+    import select as _select
+except ImportError:
+    _select = None  # type: ignore[assignment]
+try:
+    import time as _time
+except ImportError:
+    _time = None  # type: ignore[assignment]
+try:
+    import machine as _machine
+except ImportError:
+    _machine = None
+try:
+    import network as _network
+except ImportError:
+    _network = None
 
 DEFAULT_LISTEN = "0.0.0.0:8268"
 WIFI_TIMEOUT_S = 20
@@ -22,12 +43,12 @@ OPTIONS = (
     ("baud", "i", 115200, "UART baud rate; writes are paced to baud/10 bytes/s"),
     ("tx", "i", None, "UART TX pin (default: the board's pin for that UART)"),
     ("rx", "i", None, "UART RX pin"),
-    ("link_mtu", "i", core.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
+    ("link_mtu", "i", setup.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
     ("link_key", "s", None, "file with the link key (hex; the companion's --link-key file)"),
     ("insecure_link", "b", 0, "allow an unkeyed UDP link to a non-loopback address"),
-    ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(core.PROFILES))),
-) + tuple([(key, "i", None, text) for key, text in core.LIMITS]) + tuple(
-    [(key, "s", None, text) for key, _, text in core.POLICY_OPTIONS]) + (
+    ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(setup.PROFILES))),
+) + tuple([(key, "i", None, text) for key, text in setup.LIMITS]) + tuple(
+    [(key, "s", None, text) for key, _, text in setup.POLICY_OPTIONS]) + (
     ("log_level", "s", "info", "debug, info, warning or error"),
     ("wifi_ssid", "s", None, "join this Wi-Fi network first (default: config.WIFI_SSID)"),
     ("wifi_password", "s", None, "its password (default: config.WIFI_PASSWORD)"),
@@ -42,9 +63,9 @@ def usage():
         flag = "--" + o[0].replace("_", "-")
         lines.append("  %-18s %s%s" % (flag, o[3], "" if o[2] is None else " (default %s)" % o[2]))
     lines.append("profiles (every limit can be overridden by its own flag):")
-    for name in sorted(core.PROFILES):
-        p = core.PROFILES[name]
-        lines.append("  %s: %s" % (name, ", ".join("%s=%d" % (k, p[k]) for k in core.PROFILE_KEYS)))
+    for name in sorted(setup.PROFILES):
+        p = setup.PROFILES[name]
+        lines.append("  %s: %s" % (name, ", ".join("%s=%d" % (k, p[k]) for k in setup.PROFILE_KEYS)))
     return "\n".join(lines)
 
 
@@ -129,9 +150,9 @@ def options(arg, io):
 
 def profile_from(opts):
     over = {}
-    for k in core.PROFILE_KEYS:
+    for k in setup.PROFILE_KEYS:
         over[k] = opts[k]
-    return core.make_profile(opts["profile"], over)
+    return setup.make_profile(opts["profile"], over)
 
 
 def wifi_up(io, ssid, password, timeout_s, log):
@@ -163,7 +184,7 @@ def link_key(opts, log):
     UDP link stays on loopback unless --insecure-link. ValueError (one line) otherwise."""
     path = opts["link_key"]
     if not path:
-        if core.link_needs_key(opts["link"]):
+        if setup.link_needs_key(opts["link"]):
             if not opts["insecure_link"]:
                 raise ValueError("%s is not a loopback address: give --link-key FILE (the "
                                  "companion's key file) or --insecure-link" % opts["link"])
@@ -176,7 +197,7 @@ def link_key(opts, log):
     except OSError as e:
         raise ValueError("cannot read link key %s: %s" % (path, e))
     try:
-        key = core.parse_link_key(text)
+        key = setup.parse_link_key(text)
     except ValueError as e:
         raise ValueError("link key %s: %s" % (path, e))
     try:
@@ -190,20 +211,58 @@ def link_key(opts, log):
     return key
 
 
+def default_io():
+    try:
+        import config  # type: ignore  # optional config.py on the board
+    except ImportError:
+        config = None
+    return IO(_socket, _select, _time, _machine, _network, config)
+
+
+def parse_hostport(text, default_host="0.0.0.0"):
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = default_host, text
+    try:
+        return host or default_host, int(port)
+    except ValueError:
+        raise ValueError("expected HOST:PORT, got %r" % text)
+
+
+def uart_id(path):
+    """The UART number of serial:ID / uart:ID (ubrb_setup.parse_link_url gives ID as text)."""
+    try:
+        return int(path)
+    except ValueError:
+        raise ValueError("serial: on MicroPython needs a UART number, e.g. uart:1 (got %r)" % path)
+
+
 def prepare(opts, io, log):
     """The first half of start-up: everything decided before a buffer is allocated - the profile,
-    the link URL (ValueError here, before Wi-Fi, if malformed), the budget printed, Wi-Fi up.
-    Returns (profile, link sizes or None, budget bytes); run.build() does the rest."""
+    the listen address and the link URL (ValueError here, before Wi-Fi, if malformed), the policy
+    and the link key, the budget printed, Wi-Fi up. Leaves in `opts` what build.py needs:
+    listen_addr, link_kind/link_where/link_port, sizes (the link session's, or None), policy,
+    key. Returns (profile, link sizes or None, budget bytes)."""
     profile = profile_from(opts)
-    kind = core.parse_link_url(opts["link"])[0]
+    opts["listen_addr"] = parse_hostport(opts["listen"])
+    kind, where, port = setup.parse_link_url(opts["link"])
+    if kind == "serial":
+        port = uart_id(where)
+    opts["link_kind"] = kind
+    opts["link_where"] = where
+    opts["link_port"] = port
     # decided before Wi-Fi and before any buffer: ValueError (one line) when they do not do
-    opts["policy"] = core.Policy.from_options(opts)  # allow-lists, throttle
+    opts["policy"] = setup.policy_from_options(opts)  # allow-lists, throttle (or None)
+    if opts["policy"] is not None:
+        for line in setup.describe_policy(opts["policy"]):
+            log("info", "policy: " + line)
     opts["key"] = link_key(opts, log) if kind != "none" else None
     sizes = None
     if kind != "none":
-        sizes = core.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
-    budget = core.memory_budget(profile, sizes)["total"]
-    for line in core.format_budget(opts["profile"], profile, sizes).splitlines():
+        sizes = setup.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
+    opts["sizes"] = sizes
+    budget = setup.memory_budget(profile, sizes)["total"]
+    for line in setup.format_budget(opts["profile"], profile, sizes).splitlines():
         log("info", line)
     ssid = opts["wifi_ssid"]
     pw = opts["wifi_password"]
@@ -216,13 +275,14 @@ def prepare(opts, io, log):
 
 
 def start(opts, io=None, log=None):
-    """Build (GatewayLoop, Gateway, LinkRosPort or None, LinkDriver or None) from options."""
-    from ports.micropython import run
+    """Build (GatewayLoop, Gateway, LinkRosPort or None, LinkDriver or None) from options, in one
+    go (tests; the board's run.main unloads this module and ubrb_setup in between)."""
+    from ports.micropython import build
 
     io = io if io is not None else default_io()
     log = log if log is not None else Log(opts["log_level"])
     profile = prepare(opts, io, log)[0]
-    loop = run.build(opts, profile, io, log)
+    loop = build.build(opts, profile, io, log)
     return loop, loop.gw, loop.ros, loop.link
 
 

@@ -32,14 +32,6 @@ from ubrb_min import const  # micropython.const on MicroPython (inlined), identi
 _MAX_READS = const(16)  # reads per wake-up, so a flood on the link cannot starve the clients
 
 
-def uart_id(path):
-    """The UART number of serial:ID / uart:ID (ubrb_min.parse_link_url gives ID as text)."""
-    try:
-        return int(path)
-    except ValueError:
-        raise ValueError("serial: on MicroPython needs a UART number, e.g. uart:1 (got %r)" % path)
-
-
 def new_epoch(time_mod=None):
     """Random per start, 1 .. 2**30-1 (a small int on MicroPython)."""
     v = 0
@@ -63,7 +55,7 @@ def new_epoch(time_mod=None):
 class UdpTransport:
     datagram = True
 
-    def __init__(self, socket_mod, select_mod, host, port, mtu=L.LINK_DEFAULT_MTU):
+    def __init__(self, socket_mod, select_mod, host, port, mtu):
         addr = socket_mod.getaddrinfo(host, port)[0][-1]
         s = socket_mod.socket(socket_mod.AF_INET, socket_mod.SOCK_DGRAM)
         try:  # an ephemeral port; connect() would also pick one. An address from getaddrinfo:
@@ -117,7 +109,7 @@ class UdpTransport:
 class UartTransport:
     datagram = False
 
-    def __init__(self, machine_mod, uart_id, baud, tx=None, rx=None):
+    def __init__(self, machine_mod, uart_id, baud, max_frame, tx=None, rx=None):
         pace = baud // 10
         kw = {
             "baudrate": baud,
@@ -126,7 +118,7 @@ class UartTransport:
             # the driver's rings: rx holds ~100 ms of line time (the loop polls every <= 50 ms),
             # tx holds what the pacing lets out at once (its credit plus one frame)
             "rxbuf": max(1024, min(8192, pace // 10)),
-            "txbuf": min(8192, pace * L.LINK_PACE_MS // 1000 + L.LINK_SERIAL_FRAME + 64),
+            "txbuf": min(8192, pace * L.LINK_PACE_MS // 1000 + max_frame + 64),
         }
         if tx is not None:
             kw["tx"] = tx
@@ -213,22 +205,3 @@ class LinkDriver:
 
     def close(self):
         self.t.close()
-
-
-def open_gateway_link(io, url, baud=115200, mtu=L.LINK_DEFAULT_MTU, max_message=2048, tx=None,
-                      rx=None, epoch=None, max_slots=256, key=None):
-    """(LinkRosPort, LinkDriver) for --link, or (None, None) for 'none'."""
-    kind, where, port = L.parse_link_url(url)
-    if kind == "none":
-        return None, None
-    if epoch is None:
-        epoch = new_epoch(io.time)
-    if kind == "udp":
-        t = UdpTransport(io.socket, io.select, where, port, mtu)
-    else:
-        if io.machine is None:
-            raise ValueError("serial links need the machine module (not on this port)")
-        t = UartTransport(io.machine, uart_id(where), baud, tx, rx)
-    s = L.new_link_session(None, epoch, True, t.datagram, max_message, mtu, max_slots, key,
-                           lambda: new_epoch(io.time))
-    return L.LinkRosPort(s), LinkDriver(t, s)

@@ -18,32 +18,12 @@
 #   * time.ticks_ms()/ticks_diff() turned into a non-wrapping millisecond clock for the core.
 #
 # The I/O modules (socket, select, time, machine, network, config) are looked up in an `IO`
-# object, built from the real modules by default; tests pass fakes (tests/core/mp_fakes.py).
+# object, built from the real modules by gateway.default_io() at start-up; tests pass fakes
+# (tests/core/mp_fakes.py).
 import gc
 
 import ubrb_min as core
 from ubrb_min import const  # micropython.const on MicroPython (inlined), identity on CPython
-
-try:
-    import socket as _socket
-except ImportError:  # the WebAssembly build used by the tests has none
-    _socket = None  # type: ignore[assignment]
-try:
-    import select as _select
-except ImportError:
-    _select = None  # type: ignore[assignment]
-try:
-    import time as _time
-except ImportError:
-    _time = None  # type: ignore[assignment]
-try:
-    import machine as _machine
-except ImportError:
-    _machine = None
-try:
-    import network as _network
-except ImportError:
-    _network = None
 
 _POLL_MS = const(50)  # longest poll() wait: the core's and the link's timers need tick() this often
 STATS_MS = const(1000)  # gateway counters to the companion (its /diagnostics); 0: never
@@ -63,14 +43,6 @@ class IO:
         self.machine = machine
         self.network = network
         self.config = config  # a module/object with WIFI_SSID, WIFI_PASSWORD, GATEWAY (optional)
-
-
-def default_io():
-    try:
-        import config  # type: ignore  # optional config.py on the board
-    except ImportError:
-        config = None
-    return IO(_socket, _select, _time, _machine, _network, config)
 
 
 # The clock is moved back by REBASE_STEP whenever it reaches REBASE_AT: times stay below 2**30.
@@ -114,16 +86,6 @@ class Log:
                 print("%s %s" % (level.upper(), msg))
 
 
-def parse_hostport(text, default_host="0.0.0.0"):
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = default_host, text
-    try:
-        return host or default_host, int(port)
-    except ValueError:
-        raise ValueError("expected HOST:PORT, got %r" % text)
-
-
 def accepted_peer(addr):
     """An accept()ed peer as Gateway.accept takes it: (host, port), as lwIP ports and CPython
     give it; the unix port's raw IPv4 sockaddr (family(2) port(2, big-endian) IPv4(4) ...) made
@@ -137,7 +99,7 @@ def accepted_peer(addr):
 class GatewayLoop:
     """The poll loop: a listening socket, client sockets, and optionally a link driver."""
 
-    def __init__(self, gw, listen, link=None, ros=None, io=None, clock=None, log=None,
+    def __init__(self, gw, listen, io, link=None, ros=None, clock=None, log=None,
                  accept_grace_ms=core.LK_DEAD_MS + 4 * core.LK_HELLO_MS, stats_ms=STATS_MS,
                  backlog=2):
         # accept_grace_ms: at start-up clients wait this long for the link (a restarted gateway's
@@ -145,7 +107,7 @@ class GatewayLoop:
         self.gw = gw
         self.link = link  # LinkDriver or None
         self.ros = ros  # LinkRosPort (send_stats) or None
-        self.io = io if io is not None else default_io()
+        self.io = io  # gateway.default_io(), or the tests' fakes
         self.log = log if log is not None else Log()
         self.faults = core.RateLog(self.log)
         sk = self.io.socket

@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import List
@@ -16,6 +17,7 @@ from typing import List
 import pytest
 
 import ubrb_min as U
+import ubrb_setup
 from tests.cli.helpers import (CLIENT, COMPANION, DEMO, DOMAIN, GATEWAY, LATENCY, OBSERVER, PY,
                                one_line, run)
 from tests.support.loopback_ports import free_port
@@ -80,12 +82,12 @@ def test_one_memory_total_at_start_up_link_buffers_included() -> None:
     finally:
         g.stop(signal.SIGINT)
     text = g.text()
-    p = U.make_profile("mcu")
-    sizes = U.link_sizes(p["max_payload"], True, U.LINK_DEFAULT_MTU)
-    total = U.memory_budget(p, sizes)["total"]
-    assert total == U.memory_budget(p)["total"] + sizes["total"]
+    p = ubrb_setup.make_profile("mcu")
+    sizes = ubrb_setup.link_sizes(p["max_payload"], True, ubrb_setup.LINK_DEFAULT_MTU)
+    total = ubrb_setup.memory_budget(p, sizes)["total"]
+    assert total == ubrb_setup.memory_budget(p)["total"] + sizes["total"]
     heads = re.findall(r"worst-case memory budget (.+)$", text, re.M)
-    assert heads == [U.human_bytes(total)], text
+    assert heads == [ubrb_setup.human_bytes(total)], text
 
 
 def test_shutdown_counters_are_a_short_aligned_table() -> None:
@@ -143,7 +145,10 @@ def test_pip_installs_exactly_the_projects_packages_and_each_extra_its_deps() ->
     assert r.returncode == 0, r.stderr
     kw = json.loads(r.stdout)
     assert sorted(kw["packages"]) == ["ros_side", "ros_side.backends", "ubrb_client", "ubrb_host"]
-    assert kw["py_modules"] == ["ubrb_min"]
+    # the core and the modules beside it that start-up and the optional features load
+    assert kw["py_modules"] == ["ubrb_min", "ubrb_setup", "ubrb_policy", "ubrb_keyed"]
+    assert sorted(f for f in os.listdir(ROOT) if f.endswith(".py") and f != "setup.py") == sorted(
+        m + ".py" for m in kw["py_modules"])
     assert kw["package_dir"] == {"ubrb_host": "ports/cpython/ubrb_host"}
     for pkg in kw["packages"]:  # every package of the tree is listed, nothing else (no `ports`)
         where = kw["package_dir"].get(pkg, pkg.replace(".", "/"))
@@ -162,6 +167,36 @@ def test_pip_installs_exactly_the_projects_packages_and_each_extra_its_deps() ->
 
     assert "'.[dds]'" in MISSING_FIXES["cyclonedds"] and "'.[client]'" in MISSING_FIXES["yaml"]
     assert "'.[serial]'" in MISSING_FIXES["serial"]
+
+
+def test_pip_install_gives_a_gateway_that_runs(tmp_path: Path) -> None:
+    # `pip install .` (the wheel pip builds of this tree, built offline with the test venv's
+    # setuptools and wheel) into a fresh venv: `python -m ubrb_min` and the `ubrb-gateway` command
+    # start the gateway from the install, away from the source tree (cwd /), and it refuses a
+    # bad flag with its one line
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-index", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wheel = [str(p) for p in tmp_path.glob("*.whl")]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps"] + wheel,
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for argv in ([py, "-m", "ubrb_min"], [str(venv / "bin" / "ubrb-gateway")]):
+        v = subprocess.run(argv + ["--version"], capture_output=True, text=True, cwd="/",
+                           timeout=60)
+        assert v.returncode == 0 and "UBRB v1" in v.stdout, argv + [v.stdout, v.stderr]
+        bad = subprocess.run(argv + ["--max-clients", "many"], capture_output=True, text=True,
+                             cwd="/", timeout=60)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        assert "--max-clients" in bad.stderr
+    # what it ran is the installed copy, not this tree
+    where = subprocess.run([py, "-c", "import ubrb_min, ubrb_host; print(ubrb_min.__file__)"],
+                           capture_output=True, text=True, cwd="/", timeout=60).stdout
+    assert "site-packages" in where, where
 
 
 def test_gateway_unopenable_link_and_companion_unopenable_link_share_exit_1() -> None:

@@ -4,6 +4,7 @@
 import json
 
 import ubrb_min as U
+import ubrb_setup
 from tests.support.ubrb_frames import parse_frames
 
 
@@ -69,7 +70,7 @@ def profile(**over):
     }
     for k in over:
         p[k] = over[k]
-    return U.make_profile("mcu", p)
+    return ubrb_setup.make_profile("mcu", p)
 
 
 def gateway(ros_up=True, **over):

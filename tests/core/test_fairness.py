@@ -2,6 +2,7 @@
 import json
 
 import ubrb_min as U
+import ubrb_setup
 from scripted import Client, gateway
 from tests.support.ubrb_frames import hello, parse_frames
 
@@ -13,10 +14,10 @@ def refusal(gw):
 
 
 def test_one_address_never_takes_every_slot_by_default():
-    assert U.make_profile("pi")["max_clients_per_address"] == 4
-    assert U.make_profile("mcu")["max_clients_per_address"] == 1
-    assert U.make_profile("pi", {"max_clients": 3})["max_clients_per_address"] == 2
-    assert U.make_profile("pi", {"max_clients_per_address": 8})["max_clients_per_address"] == 8
+    assert ubrb_setup.make_profile("pi")["max_clients_per_address"] == 4
+    assert ubrb_setup.make_profile("mcu")["max_clients_per_address"] == 1
+    assert ubrb_setup.make_profile("pi", {"max_clients": 3})["max_clients_per_address"] == 2
+    assert ubrb_setup.make_profile("pi", {"max_clients_per_address": 8})["max_clients_per_address"] == 8
 
 
 def test_connections_per_address_are_limited_and_other_addresses_still_served():

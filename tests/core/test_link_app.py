@@ -2,6 +2,7 @@
 # calls) and ros_side.link_end.LinkCompanionEnd (companion end, a GatewaySink that drives a RosPort).
 # Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
 import ubrb_min as L
+import ubrb_policy
 from ros_side.link_end import LinkCompanionEnd
 from test_link import Pair
 
@@ -293,7 +294,7 @@ def _imu_over_link(policy, seconds=2):
 
 
 def test_throttle_holds_a_topic_to_its_rate_before_the_link():
-    got, wire, end = _imu_over_link(L.Policy(throttle=[("/imu", 20)]))
+    got, wire, end = _imu_over_link(ubrb_policy.Policy(throttle=[("/imu", 20)]))
     full, wire_full, _ = _imu_over_link(None)
     assert len(full) == 2000
     assert 99 <= len(got) <= 101               # 50 Hz for 2 s, not 1000 Hz
@@ -309,7 +310,7 @@ def test_sub_record_carries_the_period_and_an_older_gateway_none():
     sent = []
     real = port.s.send
     port.s.send = lambda t, s, b, o, n, r, c: sent.append(bytes(b[o:o + n])) or real(t, s, b, o, n, r, c)
-    gw.policy = L.Policy(throttle=[("/imu*", 20)])  # (glob, period in ms): 50 Hz
+    gw.policy = ubrb_policy.Policy(throttle=[("/imu*", 20)])  # (glob, period in ms): 50 Hz
     port.subscribe(4, "/imu/data", "sensor_msgs/msg/Imu", QOS_BE)
     port.subscribe(5, "/scan", "sensor_msgs/msg/LaserScan", QOS_BE)
     p.run(50)
@@ -347,7 +348,7 @@ def test_qos_incompatible_crosses_the_link_to_the_gateway():
 
 def test_a_held_reliable_message_waits_for_link_room_at_its_period_end():
     p, port, gw, comp, end = setup(rel_bytes=16384, max_message=4000)
-    gw.policy = L.Policy(throttle=[("/thr", 20)])
+    gw.policy = ubrb_policy.Policy(throttle=[("/thr", 20)])
     gw.subs[1] = ("/thr", "std_msgs/msg/String", QOS_R)
     gw.subs[2] = ("/bulk", "std_msgs/msg/String", QOS_R)
     p.run(300)

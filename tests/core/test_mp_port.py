@@ -6,6 +6,7 @@ import gc
 import json
 
 import ubrb_min as U
+import ubrb_setup
 import mp_fakes as F
 from scripted import ScriptedRos
 from tests.support.qos import QOS_BE, QOS_R
@@ -114,7 +115,7 @@ def test_flags_like_the_cpython_port():
         else:
             raise AssertionError(bad)
     p = G.profile_from(o)
-    assert p["max_clients"] == 3 and p["max_payload"] == U.PROFILES["mcu"]["max_payload"]
+    assert p["max_clients"] == 3 and p["max_payload"] == ubrb_setup.PROFILES["mcu"]["max_payload"]
 
 
 def test_options_from_a_dict_and_config_py():
@@ -173,21 +174,21 @@ def test_launcher_lands_in_this_port_without_a_second_core():
 
 def test_link_urls():
     # The core's grammar, as this port reads it: serial:ID and uart:ID name a UART by number.
-    assert U.parse_link_url("udp://192.0.2.10:8269") == ("udp", "192.0.2.10", 8269)
-    assert U.parse_link_url("udp://192.0.2.10") == ("udp", "192.0.2.10", 8269)
-    assert U.parse_link_url("uart:1") == ("serial", "1", 0)
-    assert U.parse_link_url("serial:2") == ("serial", "2", 0)
-    assert LK.uart_id("2") == 2
-    assert U.parse_link_url("none")[0] == "none"
+    assert ubrb_setup.parse_link_url("udp://192.0.2.10:8269") == ("udp", "192.0.2.10", 8269)
+    assert ubrb_setup.parse_link_url("udp://192.0.2.10") == ("udp", "192.0.2.10", 8269)
+    assert ubrb_setup.parse_link_url("uart:1") == ("serial", "1", 0)
+    assert ubrb_setup.parse_link_url("serial:2") == ("serial", "2", 0)
+    assert G.uart_id("2") == 2
+    assert ubrb_setup.parse_link_url("none")[0] == "none"
     for bad in ("udp://", "tcp://a:1", "udp://h:p", "serial:"):
         try:
-            U.parse_link_url(bad)
+            ubrb_setup.parse_link_url(bad)
         except ValueError:
             pass
         else:
             raise AssertionError(bad)
     try:
-        LK.uart_id("x")
+        G.uart_id("x")
     except ValueError:
         pass
     else:
@@ -298,7 +299,7 @@ def test_keyed_link_options():
 
 
 def test_keyed_udp_and_uart_links_carry_data():
-    key = U.parse_link_key(KEY_HEX)
+    key = ubrb_setup.parse_link_key(KEY_HEX)
     for link in ("udp://10.0.0.2:8269", "uart:1"):
         rig = Rig(link=link, link_key=key_file(), comp_key=key, insecure_link=0)
         rig.up()
@@ -618,7 +619,7 @@ def relay_rig():
     ros.record = False
     gw = U.Gateway(scripted_profile(), ros=ros)
     ros.up()
-    loop = ML.GatewayLoop(gw, ("0.0.0.0", PORT), io=io, log=ML.Log("error"))
+    loop = ML.GatewayLoop(gw, ("0.0.0.0", PORT), io, log=ML.Log("error"))
     loop.poll_ms = 0
     loop.step()
     pubc = net.connect(PORT, 65536)
@@ -633,9 +634,9 @@ def relay_rig():
 
 
 def scripted_profile():
-    p = dict(U.PROFILES["mcu"])
+    p = dict(ubrb_setup.PROFILES["mcu"])
     p["queue_bytes"] = 16384
-    return U.make_profile("mcu", p)
+    return ubrb_setup.make_profile("mcu", p)
 
 
 def test_client_relay_through_the_port_allocates_nothing():
@@ -764,16 +765,56 @@ def test_allow_lists_and_throttle_flags_on_the_micropython_port():
     assert G.main(["--allow-clients", "10.0.0.300"], io) == 2  # one line, exit 2
 
 
-def test_every_start_up_only_name_exists():
-    # run.py's START_UP_ONLY (and POLICY_ONLY, KEY_ONLY): what the board forgets once the gateway
-    # is built (its code freed).
-    # A listed name renamed or removed in its module would silently stay loaded.
+def test_the_board_serves_with_only_the_modules_it_runs():
+    # run.main, as main.py calls it: the start-up modules (gateway.py, ubrb_setup, build.py) are
+    # gone from sys.modules when the loop starts serving (their code freed); ubrb_policy is
+    # loaded only with a policy flag, ubrb_keyed only with a link key. Each run serves a HELLO,
+    # so a module the running gateway still needs would fail here, not on a board.
     import sys
 
     from ports.micropython import run
 
-    for mod, names in run.START_UP_ONLY + run.POLICY_ONLY + run.KEY_ONLY:
-        m = sys.modules[mod]
-        for name in names.split():
-            owner, _, attr = name.rpartition(".")  # "Class.method": a method of a class there
-            assert attr in (m.__dict__[owner] if owner else m).__dict__, (mod, name)
+    def serve_once(flags, key=None):
+        net = F.Net()
+        t = F.FakeTime(0)
+        io = ML.IO(net.socket, F.select_module(), t, F.FakeMachine(), F.FakeNetwork(t), None)
+        comp = F.UdpCompanion(net, COMPANION, key=key)
+        seen = []
+
+        def serve(loop):
+            seen.append(sorted([m for m in sys.modules if m.startswith("ubrb") or
+                                m.startswith("ports.micropython.")]))
+            loop.poll_ms = 0
+            c = None
+            for _ in range(400):
+                t.advance(10)
+                loop.step()
+                comp.pump(loop.clock.now)
+                if c is None and loop.accepting:
+                    c = net.connect(PORT, 8192)
+                    c.send(hello())
+            assert c is not None and [op for op, _ in frames(c)][:1] == [U.OP_HELLO_ACK]
+            return 0
+
+        real = ML.GatewayLoop.run
+        ML.GatewayLoop.run = serve
+        try:
+            assert run.main(["--listen", "0.0.0.0:%d" % PORT, "--link", "udp://10.0.0.2:8269",
+                             "--insecure-link", "--log-level", "error"] + flags, io) == 0
+        finally:
+            ML.GatewayLoop.run = real
+        for m in ("ports.micropython.gateway", "ports.micropython.build", "ubrb_setup"):
+            sys.modules.pop(m, None)  # the next run (or test) imports them afresh
+        return seen[0]
+
+    start_up = ["ports.micropython.build", "ports.micropython.gateway", "ubrb_setup"]
+    for m in ("ubrb_policy", "ubrb_keyed"):
+        sys.modules.pop(m, None)
+    plain = serve_once([])
+    assert [m for m in start_up + ["ubrb_policy", "ubrb_keyed"] if m in plain] == [], plain
+    assert "ubrb_min" in plain and "ports.micropython.loop" in plain
+    with_policy = serve_once(["--allow-topics", "/a/*"])
+    assert "ubrb_policy" in with_policy and "ubrb_keyed" not in with_policy
+    assert [m for m in start_up if m in with_policy] == []
+    keyed = serve_once(["--link-key", key_file()], key=ubrb_setup.parse_link_key(KEY_HEX))
+    assert "ubrb_keyed" in keyed and [m for m in start_up if m in keyed] == []

@@ -4,6 +4,8 @@
 import gc
 
 import ubrb_min as U
+import ubrb_policy
+import ubrb_setup
 from scripted import Client, ScriptedRos, profile
 from tests.support.ubrb_frames import advertise, hello, subscribe
 
@@ -13,7 +15,9 @@ CPYTHON_ONLY = {"test_gateway_counter_indices_follow_the_names"}  # _GS_* inline
 def policy_gateway(**opts):
     ros = ScriptedRos()
     gw = U.Gateway(profile(), ros=ros)
-    gw.set_policy(U.Policy.from_options(opts))
+    policy = ubrb_setup.policy_from_options(opts)
+    if policy is not None:
+        ubrb_setup.apply_policy(gw, policy)
     ros.up()
     return gw, ros
 
@@ -26,7 +30,7 @@ def ready(gw, now=0):
 
 
 def test_glob_matches_whole_topic_names():
-    m = U.glob_match
+    m = ubrb_policy.glob_match
     assert m("/imu/*", "/imu/data") and m("/imu/*", "/imu/a/b")  # '*' crosses '/'
     assert not m("/imu/*", "/imu") and not m("/imu/*", "/imux/data")
     assert m("/cam?/image", "/cam1/image") and not m("/cam?/image", "/cam12/image")
@@ -36,46 +40,46 @@ def test_glob_matches_whole_topic_names():
 
 
 def test_cidr_lists_match_ipv4_ipv6_and_mapped_peers():
-    nets = U.parse_cidrs("127.0.0.2/32, 10.0.0.0/8,192.168.1.128/25 ,fd00::/8,::1")
-    peer = U.peer_address
-    assert U.cidr_match(nets, peer(("127.0.0.2", 4000)))
-    assert not U.cidr_match(nets, peer(("127.0.0.1", 4000)))
-    assert U.cidr_match(nets, peer(("10.200.3.4", 1)))
-    assert U.cidr_match(nets, peer(("192.168.1.200", 1)))
-    assert not U.cidr_match(nets, peer(("192.168.1.127", 1)))
-    assert U.cidr_match(nets, peer(("fd12:3456::1", 1, 0, 0)))
-    assert U.cidr_match(nets, peer(("::1", 1, 0, 0)))
-    assert not U.cidr_match(nets, peer(("fe80::1%lo", 1, 0, 0)))
-    assert U.cidr_match(nets, peer(("::ffff:10.1.2.3", 1, 0, 0)))  # dual-stack socket, v4 peer
-    assert U.cidr_match(U.parse_cidrs("0.0.0.0/0"), peer(("8.8.8.8", 1)))
-    assert not U.cidr_match(nets, None)
+    nets = ubrb_setup.parse_cidrs("127.0.0.2/32, 10.0.0.0/8,192.168.1.128/25 ,fd00::/8,::1")
+    peer = ubrb_policy.peer_address
+    assert ubrb_policy.cidr_match(nets, peer(("127.0.0.2", 4000)))
+    assert not ubrb_policy.cidr_match(nets, peer(("127.0.0.1", 4000)))
+    assert ubrb_policy.cidr_match(nets, peer(("10.200.3.4", 1)))
+    assert ubrb_policy.cidr_match(nets, peer(("192.168.1.200", 1)))
+    assert not ubrb_policy.cidr_match(nets, peer(("192.168.1.127", 1)))
+    assert ubrb_policy.cidr_match(nets, peer(("fd12:3456::1", 1, 0, 0)))
+    assert ubrb_policy.cidr_match(nets, peer(("::1", 1, 0, 0)))
+    assert not ubrb_policy.cidr_match(nets, peer(("fe80::1%lo", 1, 0, 0)))
+    assert ubrb_policy.cidr_match(nets, peer(("::ffff:10.1.2.3", 1, 0, 0)))  # dual-stack socket, v4 peer
+    assert ubrb_policy.cidr_match(ubrb_setup.parse_cidrs("0.0.0.0/0"), peer(("8.8.8.8", 1)))
+    assert not ubrb_policy.cidr_match(nets, None)
 
 
 def test_raw_sockaddr_peers_of_the_micropython_unix_port():
     # family (host order), port (network order), address: what its accept() returns
     v4 = bytes([2, 0, 0x1F, 0x90, 127, 0, 0, 2]) + bytes(8)
-    assert U.peer_address(v4) == bytes([127, 0, 0, 2])
+    assert ubrb_policy.peer_address(v4) == bytes([127, 0, 0, 2])
     v6 = bytes([10, 0, 0x1F, 0x90, 0, 0, 0, 0]) + bytes(15) + b"\x01" + bytes(4)
-    assert U.peer_address(v6) == bytes(15) + b"\x01"
-    assert U.cidr_match(U.parse_cidrs("::1"), U.peer_address(v6))
+    assert ubrb_policy.peer_address(v6) == bytes(15) + b"\x01"
+    assert ubrb_policy.cidr_match(ubrb_setup.parse_cidrs("::1"), ubrb_policy.peer_address(v6))
 
 
 def test_bad_lists_say_which_entry_is_wrong():
     for text in ("127.0.0.300", "10.0.0.0/33", "::1/129", "1:2:3", "host.example", ""):
         try:
-            U.parse_cidrs(text)
+            ubrb_setup.parse_cidrs(text)
         except ValueError as e:
             assert str(e)
         else:
             raise AssertionError(text)
     for text in ("/imu", "/imu=0", "/imu=abc", "=5", "/imu=5000"):
         try:
-            U.parse_throttle([text])
+            ubrb_setup.parse_throttle([text])
         except ValueError as e:
             assert "GLOB=HZ" in str(e)
         else:
             raise AssertionError(text)
-    assert U.parse_throttle(["/imu/*=50,/scan=3", "/odom=1000"]) == [
+    assert ubrb_setup.parse_throttle(["/imu/*=50,/scan=3", "/odom=1000"]) == [
         ("/imu/*", 20), ("/scan", 333), ("/odom", 1)]
 
 
@@ -226,11 +230,11 @@ def test_the_throttle_path_allocates_nothing():
 
 
 def test_memory_budget_counts_the_holding_buffers():
-    p = U.make_profile("pi")
-    b = U.memory_budget(p)
-    assert b["throttle"] == p["max_throttled"] * p["max_payload"] == 8 * 4 * U.MIB
+    p = ubrb_setup.make_profile("pi")
+    b = ubrb_setup.memory_budget(p)
+    assert b["throttle"] == p["max_throttled"] * p["max_payload"] == 8 * 4 * ubrb_setup.MIB
     assert b["total"] == b["clients"] + b["slots"] + b["throttle"]
-    assert "throttle holding buffers: 8 x 4.0 MiB" in U.format_budget("pi", p)
+    assert "throttle holding buffers: 8 x 4.0 MiB" in ubrb_setup.format_budget("pi", p)
 
 
 GATEWAY_COUNTERS = [

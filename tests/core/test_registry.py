@@ -1,6 +1,7 @@
 # Registry and fan-out: shared slots, ref counts, conflicts, release, SUB_COUNT, ROS results.
 
 import ubrb_min as U
+import ubrb_setup
 from scripted import Client, gateway
 from tests.support.qos import QOS_BE
 from tests.support.ubrb_frames import advertise, hello, publish, subscribe
@@ -248,7 +249,7 @@ def test_depth_0_and_1_are_the_same_qos():
 # The Registry unit on its own: rules and reference counts, no Gateway around it
 # ---------------------------------------------------------------------------------------------
 def _registry_and_clients(n=2):
-    p = U.make_profile("mcu", {"max_pubs": 2, "max_subs": 2, "max_topics": 2})
+    p = ubrb_setup.make_profile("mcu", {"max_pubs": 2, "max_subs": 2, "max_topics": 2})
     return U.Registry(p["max_topics"]), [U.ClientSession(i, p) for i in range(n)]
 
 

@@ -33,6 +33,7 @@ from collections import defaultdict
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import ubrb_min as U
+import ubrb_setup
 from ubrb_host import link as host_link
 from ubrb_host.loop import GatewayServer, mapped_buffer
 from tests.support.dds import LOOPBACK_XML, confine_this_process
@@ -127,8 +128,8 @@ class LinkBridge(Bridge):
             self.comp_url = self.relay.url("comp")
             gw_url = self.relay.url("gw")
         self.start_companion()
-        prof = U.make_profile("pi", overrides)
-        key = U.parse_link_key(open(self.key_file).read()) if self.key_file else None
+        prof = ubrb_setup.make_profile("pi", overrides)
+        key = ubrb_setup.parse_link_key(open(self.key_file).read()) if self.key_file else None
         session, self.driver = host_link.open_link(gw_url, True, prof["max_payload"],
                                                    baud=SERIAL_BAUD, key=key)
         self.ros = U.LinkRosPort(session)

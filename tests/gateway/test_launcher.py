@@ -22,7 +22,7 @@ except SystemExit as e:
     print("exit", e.code)
 print("main copy defines Gateway:", "Gateway" in g)
 print("ubrb_min loaded:", "ubrb_min" in sys.modules)
-print("port:", "ports.cpython.gateway" in sys.modules)
+print("port:", "ubrb_host.gateway" in sys.modules)
 """
 
 

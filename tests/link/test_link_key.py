@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import ubrb_min as L
+import ubrb_setup
 from ubrb_host import cli
 from tests.support.procs import ROOT
 
@@ -23,7 +23,7 @@ def test_make_link_key_writes_64_hex_digits_mode_0600_and_never_overwrites(tmp_p
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     text = path.read_text()
-    assert len(text.strip()) == 64 and len(L.parse_link_key(text)) == 32
+    assert len(text.strip()) == 64 and len(ubrb_setup.parse_link_key(text)) == 32
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     r = subprocess.run(["make", "-s", "link-key", "LINK_KEY=%s" % path], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)

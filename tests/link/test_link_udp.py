@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import ubrb_min as L
+import ubrb_setup
 from ubrb_host import link as host_link
 from tests.support.loopback_ports import free_port
 from tests.support.qos import QOS_BE, QOS_R
@@ -139,7 +140,7 @@ def test_udp_peer_locked_foreign_ignored_and_restarts() -> None:
 
 
 def test_udp_parse_urls() -> None:
-    from ubrb_min import parse_link_url
+    from ubrb_setup import parse_link_url
 
     assert parse_link_url("udp://10.0.0.2:9000") == ("udp", "10.0.0.2", 9000)
     assert parse_link_url("udp://[::1]:9000") == ("udp", "::1", 9000)
@@ -155,8 +156,8 @@ def test_udp_big_mtu_window_fits_the_receive_queue() -> None:
     a 16-frame window overflowed Linux's default queue (12 such datagrams) on every burst. The
     receiver here keeps the default queue size, as a MicroPython port or a host whose rmem_max
     forbids more must (the CPython transport asks for more, as headroom)."""
-    for mtu in (L.LINK_DEFAULT_MTU, 8192, 16384, 60000):
-        z = L.link_sizes(1 << 20, True, mtu)
+    for mtu in (ubrb_setup.LINK_DEFAULT_MTU, 8192, 16384, 60000):
+        z = ubrb_setup.link_sizes(1 << 20, True, mtu)
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         rx.bind(("127.0.0.1", 0))
         rx.setblocking(False)
@@ -306,7 +307,7 @@ def test_cpython_udp_window_fits_even_a_default_receive_queue() -> None:
     """A CPython end announces 32 frames on UDP at the default MTU (fewer at bigger MTUs: at
     most LINK_WINDOW_BYTES in flight), and a whole such window, sent in one flush while the
     receiver does not read, waits whole in a default-size receive queue."""
-    assert host_link.udp_window(16, L.LINK_DEFAULT_MTU) == 32
+    assert host_link.udp_window(16, ubrb_setup.LINK_DEFAULT_MTU) == 32
     assert host_link.udp_window(8, 8192) == 8
     assert host_link.udp_window(4, 16384) == 4
     cport = free_port(socket.SOCK_DGRAM)
@@ -318,7 +319,7 @@ def test_cpython_udp_window_fits_even_a_default_receive_queue() -> None:
     rx = _plain_receiver()
     tx = host_link.UdpTransport("127.0.0.1", rx.getsockname()[1], gateway=True)
     try:
-        frame = bytearray(L.LINK_DEFAULT_MTU)
+        frame = bytearray(ubrb_setup.LINK_DEFAULT_MTU)
         for _ in range(32):
             assert tx.write(frame, 0, len(frame)) == len(frame)
         assert tx.push()

@@ -11,9 +11,11 @@ import logging
 import os
 import socket
 import sys
-from typing import Callable, Dict, List, NoReturn, Optional
+from typing import Callable, Dict, List, NoReturn, Optional, Tuple
 
 import ubrb_min as core
+import ubrb_policy
+import ubrb_setup
 
 log = logging.getLogger("ubrb.gateway")
 
@@ -37,9 +39,9 @@ def add_link_arguments(group: argparse._ActionsContainer, default: Optional[str]
     group.add_argument("--link", default=default, type=link_url, metavar="URL", help=link_help)
     group.add_argument("--baud", type=positive_int, default=115200,
                        help="serial baud rate (default 115200)")
-    group.add_argument("--link-mtu", type=positive_int, default=core.LINK_DEFAULT_MTU,
+    group.add_argument("--link-mtu", type=positive_int, default=ubrb_setup.LINK_DEFAULT_MTU,
                        metavar="BYTES",
-                       help=f"largest UDP datagram on the link (default {core.LINK_DEFAULT_MTU})")
+                       help=f"largest UDP datagram on the link (default {ubrb_setup.LINK_DEFAULT_MTU})")
     group.add_argument("--link-key", default=None, metavar="FILE",
                        help="the link's shared secret (the same file on both ends; `make link-key` "
                             "writes one): the handshake proves it and every frame carries a MAC, "
@@ -62,7 +64,7 @@ def read_link_key(path: str) -> bytes:
     except OSError as e:
         raise ValueError(f"cannot read link key {path}: {e.strerror or e}") from None
     try:
-        key: bytes = core.parse_link_key(text)
+        key: bytes = ubrb_setup.parse_link_key(text)
     except ValueError as e:
         raise ValueError(f"link key {path}: {e}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -80,7 +82,7 @@ def link_key(args: argparse.Namespace) -> Optional[bytes]:
             return read_link_key(args.link_key)
         except ValueError as e:
             raise Fatal(str(e), EXIT_USAGE) from None
-    if core.link_needs_key(args.link):
+    if ubrb_setup.link_needs_key(args.link):
         if not getattr(args, "insecure_link", False):
             raise Fatal(f"{args.link} is not a loopback address: give --link-key FILE "
                              "(make link-key writes one; the same file on both ends), or "
@@ -95,10 +97,10 @@ def add_limit_arguments(group: argparse._ActionsContainer, default_profile: str)
     group.add_argument(
         "--profile",
         default=default_profile,
-        choices=sorted(core.PROFILES),
+        choices=sorted(ubrb_setup.PROFILES),
         help=f"static limits to start from (default {default_profile})",
     )
-    for key, text in core.LIMITS:
+    for key, text in ubrb_setup.LIMITS:
         group.add_argument(
             "--" + key.replace("_", "-"), type=int, default=None, metavar="N", help=text
         )
@@ -107,7 +109,7 @@ def add_limit_arguments(group: argparse._ActionsContainer, default_profile: str)
 def add_policy_arguments(group: argparse._ActionsContainer) -> None:
     """One flag per ubrb_min.POLICY_OPTIONS entry (allow-lists, throttle), the same help text on
     both ports; --throttle may be repeated."""
-    for key, metavar, text in core.POLICY_OPTIONS:
+    for key, metavar, text in ubrb_setup.POLICY_OPTIONS:
         flag = "--" + key.replace("_", "-")
         if key == "throttle":
             group.add_argument(flag, action="append", default=None, metavar=metavar, help=text)
@@ -115,14 +117,16 @@ def add_policy_arguments(group: argparse._ActionsContainer) -> None:
             group.add_argument(flag, default=None, metavar=metavar, help=text)
 
 
-def load_policy(args: argparse.Namespace, prog: str) -> Optional[core.Policy]:
-    """The Policy the flags ask for; None (after one line on stderr) when one does not parse."""
+def load_policy(args: argparse.Namespace,
+                prog: str) -> Tuple[bool, Optional[ubrb_policy.Policy]]:
+    """(True, the Policy the flags ask for, or None when they ask for none); (False, None), after
+    one line on stderr, when one does not parse."""
     try:
-        return core.Policy.from_options({k: getattr(args, k, None)
-                                         for k, _, _ in core.POLICY_OPTIONS})
+        return True, ubrb_setup.policy_from_options({k: getattr(args, k, None)
+                                                     for k, _, _ in ubrb_setup.POLICY_OPTIONS})
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
-        return None
+        return False, None
 
 
 def add_log_argument(group: argparse._ActionsContainer, default: Optional[str] = "info",
@@ -134,8 +138,8 @@ def add_log_argument(group: argparse._ActionsContainer, default: Optional[str] =
 
 def profiles_help() -> str:
     lines = ["profiles (every limit can be overridden by its own flag):"]
-    for name, p in core.PROFILES.items():
-        vals = ", ".join(f"{k}={p[k]}" for k in core.PROFILE_KEYS)
+    for name, p in ubrb_setup.PROFILES.items():
+        vals = ", ".join(f"{k}={p[k]}" for k in ubrb_setup.PROFILE_KEYS)
         lines.append(f"  {name}: {vals}")
     return "\n".join(lines)
 
@@ -166,8 +170,8 @@ def load_profile(args: argparse.Namespace, prog: str) -> Optional[Dict[str, int]
     """The profile the flags ask for; None (after saying why on stderr) if the limits do not fit
     together. Log its budget with log_budget once the link (if any) is sized."""
     try:
-        overrides = {k: getattr(args, k) for k in core.PROFILE_KEYS}
-        profile: Dict[str, int] = core.make_profile(args.profile, overrides)
+        overrides = {k: getattr(args, k) for k in ubrb_setup.PROFILE_KEYS}
+        profile: Dict[str, int] = ubrb_setup.make_profile(args.profile, overrides)
     except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return None
@@ -176,7 +180,7 @@ def load_profile(args: argparse.Namespace, prog: str) -> Optional[Dict[str, int]
 
 def log_budget(name: str, profile: Dict[str, int], link: Optional[Dict[str, int]] = None) -> None:
     """The worst-case memory budget, link buffers included (`link`: ubrb_min.link_sizes)."""
-    for line in core.format_budget(name, profile, link).splitlines():
+    for line in ubrb_setup.format_budget(name, profile, link).splitlines():
         log.info(line)
 
 
@@ -286,7 +290,7 @@ def link_url(text: str) -> str:
     """--link URL through the core's one grammar (ubrb_min.parse_link_url); a UDP host must
     resolve. Kept as text: the transports parse it again."""
     try:
-        kind, where, _ = core.parse_link_url(text)
+        kind, where, _ = ubrb_setup.parse_link_url(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if kind == "udp":

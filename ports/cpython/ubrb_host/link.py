@@ -29,13 +29,14 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 import ubrb_min as L
+import ubrb_setup
 
 log = logging.getLogger("ubrb.link")
 
 REOPEN_MS = 500
 AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames per 10 s
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
-RCVBUF = 4 * L.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
+RCVBUF = 4 * ubrb_setup.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
 UDP_WINDOW = 32  # frames a CPython end lets be in flight towards it on UDP (udp_window)
 
 # Linux UDP segmentation offload (linux/udp.h): one sendmsg carries several same-size datagrams
@@ -322,7 +323,7 @@ class SerialTransport:
 
 def open_transport(url: str, gateway: bool, baud: int = 115200) -> Any:
     """The transport for a link URL; ValueError for 'none' or a URL outside the grammar."""
-    kind, where, port = L.parse_link_url(url)
+    kind, where, port = ubrb_setup.parse_link_url(url)
     if kind == "udp":
         return UdpTransport(where, port, gateway)
     if kind == "serial":
@@ -450,7 +451,7 @@ class LinkDriver:
     def tick(self, now: int) -> None:
         self.s.tick(now)
         counts = self.s.stat_counts  # by ubrb_min's _LKC_* indices
-        bad = counts[L._LKC_AUTH] + counts[L._LKC_REPLAY]
+        bad = counts[L.LKC_AUTH] + counts[L.LKC_REPLAY]
         if bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
             log.warning("link: %d frames failed authentication or were replays (a peer with "
                         "another --link-key, or someone else on the link)", bad - self.auth_seen)
@@ -485,14 +486,14 @@ class LinkDriver:
 
 
 def open_link(url: str, gateway: bool, max_message: int, baud: int = 115200,
-              mtu: int = L.LINK_DEFAULT_MTU, epoch: Optional[int] = None,
+              mtu: int = ubrb_setup.LINK_DEFAULT_MTU, epoch: Optional[int] = None,
               max_slots: int = 256, key: Optional[bytes] = None) -> Tuple[L.LinkSession, LinkDriver]:
     """(session, driver) for one end of the link at `url`, sized by ubrb_min.link_sizes. The
     caller puts its end on the session: ubrb_min.LinkRosPort (gateway) or
     ros_side.link_end.LinkCompanionEnd (companion)."""
     t = open_transport(url, gateway, baud)
-    s = L.new_link_session(None, new_epoch() if epoch is None else epoch, gateway, t.datagram,
-                           max_message, mtu or L.LINK_DEFAULT_MTU, max_slots, key, new_epoch)
+    s = ubrb_setup.new_link_session(None, new_epoch() if epoch is None else epoch, gateway, t.datagram,
+                           max_message, mtu or ubrb_setup.LINK_DEFAULT_MTU, max_slots, key, new_epoch)
     if t.datagram:
         s.window = udp_window(s.window, s.max_frame)
     return s, LinkDriver(t, s)
@@ -506,7 +507,7 @@ def udp_window(window: int, max_frame: int) -> int:
     92 datagrams of 1400 bytes. Twice the window halves the round trips per byte: with 16 the
     gateway sat waiting for acknowledgements, and bench/chain_throughput.py delivered ~45k
     instead of ~60k msg/s."""
-    return max(window, min(UDP_WINDOW, L.LINK_WINDOW_BYTES // max_frame))
+    return max(window, min(UDP_WINDOW, ubrb_setup.LINK_WINDOW_BYTES // max_frame))
 
 
 class LinkWatch:

@@ -1,4 +1,5 @@
-"""The CPython port of the gateway: `python ubrb_min.py --listen 127.0.0.1:8268 --link udp://...`.
+"""The CPython port of the gateway: `python ubrb_min.py --listen 127.0.0.1:8268 --link udp://...`
+(`python -m ubrb_min` and the `ubrb-gateway` command once installed).
 
 Everything protocol-shaped lives in ubrb_min (sans-IO); the loop, transports, argument layer and
 logging are the shared CPython runtime, ubrb_host. What is left here is the gateway's program:
@@ -13,6 +14,7 @@ import signal
 from typing import Any, Dict, List, Optional
 
 import ubrb_min as core
+import ubrb_setup
 from ubrb_host import cli
 from ubrb_host import link as host_link
 from ubrb_host.loop import GatewayServer, mapped_buffer, now_ms
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def open_link(args: argparse.Namespace,
               profile: Dict[str, int]) -> tuple[Optional[core.LinkRosPort], Any]:
     """(RosPort, driver) for --link; (None, None) for 'none'."""
-    if core.parse_link_url(args.link)[0] == "none":
+    if ubrb_setup.parse_link_url(args.link)[0] == "none":
         return None, None
     session, driver = host_link.open_link(
         args.link, True, profile["max_payload"], baud=args.baud, mtu=args.link_mtu,
@@ -77,8 +79,8 @@ def run(argv: Optional[List[str]] = None) -> int:
     profile = cli.load_profile(args, "ubrb_min.py")
     if profile is None:
         return 2
-    policy = cli.load_policy(args, "ubrb_min.py")
-    if policy is None:
+    ok, policy = cli.load_policy(args, "ubrb_min.py")
+    if not ok:
         return 2
     try:
         ros, link = open_link(args, profile)
@@ -86,11 +88,11 @@ def run(argv: Optional[List[str]] = None) -> int:
         raise cli.Fatal(f"cannot open link {args.link}: {cli.os_problem(e)}")
     sizes = None
     if link is not None:
-        sizes = core.link_sizes(profile["max_payload"], link.t.datagram, args.link_mtu)
+        sizes = ubrb_setup.link_sizes(profile["max_payload"], link.t.datagram, args.link_mtu)
     cli.log_budget(args.profile, profile, sizes)
     gw = core.Gateway(profile, ros=ros, log=cli.make_logger(), new_buffer=mapped_buffer)
-    if policy.active():
-        gw.set_policy(policy, new_buffer=mapped_buffer)
+    if policy is not None:
+        ubrb_setup.apply_policy(gw, policy, new_buffer=mapped_buffer)
     try:
         server = GatewayServer(gw, cli.parse_hostport(args.listen), link=link)
     except OSError as e:

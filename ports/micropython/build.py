@@ -1,0 +1,43 @@
+# The second half of the board's start-up: the link session, the Gateway and the GatewayLoop -
+# the buffers of the budget. ports/micropython/run.py imports this module once gateway.py (the
+# options) and ubrb_setup (the profiles, the link's grammar and sizing) are unloaded, calls
+# build(), and unloads it too: nothing here runs again while the gateway serves.
+import ubrb_min as core
+from ports.micropython import link as mlink
+from ports.micropython.loop import GatewayLoop
+
+
+def open_gateway_link(io, opts, max_slots):
+    """(LinkRosPort, LinkDriver) for the link gateway.prepare() parsed into `opts`, or (None,
+    None) for 'none'. The session's sizes are prepare()'s (ubrb_setup.link_sizes)."""
+    kind = opts["link_kind"]
+    if kind == "none":
+        return None, None
+    z = opts["sizes"]
+    if kind == "udp":
+        t = mlink.UdpTransport(io.socket, io.select, opts["link_where"], opts["link_port"],
+                               z["max_frame"])
+    else:
+        if io.machine is None:
+            raise ValueError("serial links need the machine module (not on this port)")
+        t = mlink.UartTransport(io.machine, opts["link_port"], opts["baud"], z["max_frame"],
+                                opts["tx"], opts["rx"])
+    s = core.LinkSession(None, mlink.new_epoch(io.time), True, t.datagram, z["max_frame"],
+                         z["max_message"], z["window"], z["rel_bytes"], z["be_bytes"],
+                         max_slots, opts["key"], lambda: mlink.new_epoch(io.time))
+    return core.LinkRosPort(s), mlink.LinkDriver(t, s)
+
+
+def build(opts, profile, io, log):
+    """The link, the Gateway and the GatewayLoop, listening."""
+    ros, drv = open_gateway_link(io, opts, profile["max_topics"])
+    if drv is None:
+        log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")
+    gw = core.Gateway(profile, ros=ros, log=log)
+    if opts["policy"] is not None:
+        opts["policy"].install(gw)
+    loop = GatewayLoop(gw, opts["listen_addr"], io, link=drv, ros=ros, log=log,
+                       stats_ms=opts["stats_ms"])
+    log("info", "UBRB gateway %s listening on %s:%d, link %s"
+        % (core.VERSION, loop.listen_addr[0], loop.listen_addr[1], opts["link"]))
+    return loop

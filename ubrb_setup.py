@@ -1,0 +1,425 @@
+# ubrb_setup.py - what a gateway runs once, at start-up, and never again while serving.
+#
+# The profiles and their limits (and the help text of each), the worst-case memory budget, the
+# link URL grammar and the link session's sizing, the link key file, and the policy flags'
+# parsers. Every port and the companion build their objects with these, then serve with the
+# core (ubrb_min.py) alone: a board imports this module, builds, and drops it from sys.modules
+# before it serves (ports/micropython/run.py), so the collector frees its code.
+#
+# MicroPython-portable like the core: no CPython-only syntax or library.
+import ubrb_min as core
+from ubrb_min import HDR, LINK_MAX_MESSAGE, LK_RHDR_MAX, const
+
+_KIB = const(1024)
+MIB = 1024 * 1024
+
+# ---------------------------------------------------------------------------------------------
+# Profiles: every static bound of the gateway. `--profile NAME` picks one, each key has a flag.
+# ---------------------------------------------------------------------------------------------
+PROFILES = {
+    # A Raspberry Pi-class host running CPython: camera frames fit, a handful of UE worlds.
+    "pi": {
+        "max_clients": 8,
+        "max_pubs": 64,  # publisher ids per client
+        "max_subs": 64,  # subscription ids per client
+        "max_topics": 128,  # shared topic slots, for publishers and again for subscriptions
+        "max_payload": 4 * MIB,  # PUBLISH / MESSAGE payload cap
+        "max_control": 64 * _KIB,  # payload cap of every other op
+        "queue_bytes": 16 * MIB,  # per-client send queue
+        "control_reserve": 64 * _KIB,  # part of the queue only control frames may use
+        "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
+        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile)
+        "slow_client_timeout": 5,
+        "frame_timeout": 10,
+    },
+    # An ESP32 / Pico W: a couple of clients, frames of a few KiB.
+    "mcu": {
+        "max_clients": 2,
+        "max_pubs": 8,
+        "max_subs": 8,
+        "max_topics": 16,
+        "max_payload": 2 * _KIB,
+        "max_control": 512,
+        # two largest MESSAGE frames (one per data ring) and a few more small ones, beside the
+        # control reserve: one largest control frame and a PONG / ERROR backlog
+        "queue_bytes": 5 * _KIB,
+        "control_reserve": 768,
+        "max_throttled": 1,
+        "max_clients_per_address": 0,
+        "slow_client_timeout": 5,
+        "frame_timeout": 10,
+    },
+    # A PC in direct mode (ros_side --listen): the spec's defaults.
+    "pc": {
+        "max_clients": 16,
+        "max_pubs": 256,
+        "max_subs": 256,
+        "max_topics": 512,
+        "max_payload": 64 * MIB,
+        "max_control": 1 * MIB,
+        "queue_bytes": 160 * MIB,  # two data rings of 79.5 MiB: each holds a largest MESSAGE
+        "control_reserve": 1 * MIB,
+        "max_throttled": 16,
+        "max_clients_per_address": 0,
+        "slow_client_timeout": 5,
+        "frame_timeout": 10,
+    },
+}
+# Every limit of a profile, with the sentence both ports' --help show for its flag: (key, text)
+# pairs, made at import from one string ("key text" per line), so a board keeps one string
+# constant instead of twelve (the pairs go with LIMITS once the gateway is built).
+LIMITS = tuple([tuple(line.split(" ", 1)) for line in (
+    "max_clients UBRB client connections served at once\n"
+    "max_pubs publisher ids per client\n"
+    "max_subs subscription ids per client\n"
+    "max_topics topic slots (each for publishers and again for subscriptions)\n"
+    "max_payload largest PUBLISH/MESSAGE payload in bytes\n"
+    "max_control largest payload of any other op in bytes\n"
+    "queue_bytes send queue per client in bytes\n"
+    "control_reserve bytes of each send queue only control frames may use\n"
+    "max_throttled subscription topics --throttle can hold a message for at once "
+    "(one max-payload buffer each)\n"
+    "max_clients_per_address connections one client address may hold (0: half of "
+    "max_clients, so one host never takes every slot)\n"
+    "slow_client_timeout seconds a client's send queue may stay full without it reading a "
+    "whole frame before the client is closed\n"
+    "frame_timeout seconds a frame may take to arrive once its first byte is in (a "
+    "dribbling client is closed)").split("\n")])
+PROFILE_KEYS = tuple([k for k, _ in LIMITS])
+
+
+def make_profile(name, overrides=None):
+    """The limits of profile `name` with `overrides` (a dict; None values ignored) applied."""
+    if name not in PROFILES:
+        raise ValueError("unknown profile %r (have: %s)" % (name, ", ".join(sorted(PROFILES))))
+    p = dict(PROFILES[name])
+    if overrides:
+        for k in overrides:
+            if k not in p:
+                raise ValueError("unknown limit %r" % k)
+            if overrides[k] is not None:
+                p[k] = int(overrides[k])
+    for k in PROFILE_KEYS:
+        if p[k] < (0 if k == "max_clients_per_address" else 1):
+            raise ValueError("%s must be at least 1" % k)
+    if p["max_clients_per_address"] == 0:
+        p["max_clients_per_address"] = max(1, (p["max_clients"] + 1) // 2)
+    if p["max_control"] < 256:
+        raise ValueError("max_control must be at least 256 bytes")
+    if p["control_reserve"] < p["max_control"] + HDR:
+        # A control frame must always fit in the reserved room, or PONG/ERROR could be lost.
+        p["control_reserve"] = p["max_control"] + HDR
+    # SendQueue: the control reserve, then a ring for reliable and one for best_effort MESSAGE
+    # frames, each half of the rest and each able to hold one largest MESSAGE.
+    need = 2 * (HDR + 4 + p["max_payload"]) + p["control_reserve"]
+    if p["queue_bytes"] < need:
+        raise ValueError(
+            "queue_bytes (%d) must hold two largest MESSAGEs plus the control reserve (%d)"
+            % (p["queue_bytes"], need)
+        )
+    return p
+
+
+def memory_budget(p, link=None):
+    """Worst-case bytes the gateway core holds for profile `p`, by part; `link` is the
+    link_sizes() of the gateway's link session, or None when it runs without one."""
+    rx = HDR + max(p["max_payload"] + 4, p["max_control"])
+    per_client = rx + p["queue_bytes"] + 16 * (p["max_pubs"] + p["max_subs"]) + 8 * p["max_topics"]
+    # Slot tables hold topic and type strings; ROS names are at most 255 characters.
+    slots = 2 * p["max_topics"] * (2 * 256 + 64)
+    link_bytes = link["total"] if link is not None else 0
+    throttle = throttle_bytes(p)
+    return {
+        "per_client": per_client,
+        "clients": per_client * p["max_clients"],
+        "slots": slots,
+        "link": link_bytes,
+        "throttle": throttle,
+        "total": per_client * p["max_clients"] + slots + link_bytes + throttle,
+    }
+
+
+def throttle_bytes(p):
+    """The --throttle holding buffers (allocated when a throttle rule is given)."""
+    return p.get("max_throttled", 0) * p["max_payload"]
+
+
+def format_budget(name, p, link=None):
+    b = memory_budget(p, link)
+    lines = ["profile %s: worst-case memory budget %s" % (name, human_bytes(b["total"]))]
+    lines.append(
+        "  %d clients x %s (rx frame %s + send queue %s + id tables)"
+        % (
+            p["max_clients"],
+            human_bytes(b["per_client"]),
+            human_bytes(HDR + 4 + p["max_payload"]),
+            human_bytes(p["queue_bytes"]),
+        )
+    )
+    lines.append(
+        "  %d publisher + %d subscription topic slots: %s"
+        % (p["max_topics"], p["max_topics"], human_bytes(b["slots"]))
+    )
+    lines.append(
+        "  limits: %d pub ids + %d sub ids per client, payload %s, control %s"
+        % (p["max_pubs"], p["max_subs"], human_bytes(p["max_payload"]), human_bytes(p["max_control"]))
+    )
+    if b["throttle"]:
+        lines.append("  throttle holding buffers: %d x %s" % (p["max_throttled"],
+                                                          human_bytes(p["max_payload"])))
+    if link is not None:
+        lines.append(
+            "  link session buffers: %s (messages up to %s, frames of %d bytes)"
+            % (human_bytes(link["total"]), human_bytes(link["max_message"]), link["max_frame"])
+        )
+    return "\n".join(lines)
+
+
+def human_bytes(n):
+    if n >= MIB:
+        return "%.1f MiB" % (n / MIB)
+    if n >= _KIB:
+        return "%.1f KiB" % (n / _KIB)
+    return "%d B" % n
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy flags (--allow-clients, --allow-topics, --deny-topics, --throttle), parsed. The checks
+# that run while serving are ubrb_policy's, imported only when a policy is given.
+# ---------------------------------------------------------------------------------------------
+# Every policy option: key, metavar, the sentence both ports' --help show (one "key metavar
+# text" line each, split at import, as LIMITS). Flags are --key-with-dashes; `throttle` may be
+# given more than once (and each takes a comma list).
+POLICY_OPTIONS = tuple([tuple(line.split(" ", 2)) for line in (
+    "allow_clients CIDR[,CIDR...] "
+    "only TCP peers in these IPv4/IPv6 networks may connect (e.g. 127.0.0.0/8,::1); others "
+    "are closed at accept and counted (clients_refused_address); default: everyone\n"
+    "allow_topics GLOB[,GLOB...] "
+    "topics clients may ADVERTISE/SUBSCRIBE ('*' any characters, '/' included; '?' one); "
+    "others get ERROR topic_denied; default: every topic\n"
+    "deny_topics GLOB[,GLOB...] "
+    "topics refused with ERROR topic_denied even when --allow-topics matches\n"
+    "throttle GLOB=HZ "
+    "at most HZ MESSAGE frames per second to clients on topics matching GLOB, newest wins "
+    "within each period, the last one delivered at the period's end (repeatable)").split("\n")])
+
+
+def split_list(text):
+    """'a, b,,c' -> ['a', 'b', 'c']; a list (a repeated flag) is joined first."""
+    if isinstance(text, (list, tuple)):
+        text = ",".join(text)
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            out.append(part)
+    return out
+
+
+def parse_globs(text):
+    globs = split_list(text)
+    if not globs:
+        raise ValueError("expected GLOB[,GLOB...], got %r" % (text,))
+    return globs
+
+
+def parse_cidrs(text):
+    """'10.0.0.0/8, ::1' -> [(address bytes, prefix length)]; ValueError names the bad entry."""
+    from ubrb_policy import parse_ip
+
+    nets = []
+    for part in split_list(text):
+        k = part.find("/")
+        addr = part if k < 0 else part[:k]
+        bits = "" if k < 0 else part[k + 1:]
+        ip = parse_ip(addr.strip())
+        if ip is None:
+            raise ValueError("%r is not an IPv4 or IPv6 address" % part)
+        if bits:
+            if not bits.strip().isdigit() or int(bits) > 8 * len(ip):
+                raise ValueError("%r: prefix length must be 0..%d" % (part, 8 * len(ip)))
+            n = int(bits)
+        else:
+            n = 8 * len(ip)
+        nets.append((ip, n))
+    if not nets:
+        raise ValueError("expected CIDR[,CIDR...], got %r" % (text,))
+    return nets
+
+
+def parse_throttle(items):
+    """['/imu/*=50', '/scan=10,/odom=20'] -> [(glob, period_ms)], first match wins."""
+    rules = []
+    for part in split_list(items):
+        k = part.rfind("=")
+        sep = k > 0
+        glob = part[:k].strip() if sep else ""
+        hz = part[k + 1:] if sep else ""
+        try:
+            f = float(hz)
+        except ValueError:
+            f = 0.0
+        if not sep or not glob or not f > 0 or f > 1000:
+            raise ValueError("--throttle expects GLOB=HZ with 0 < HZ <= 1000, got %r" % part)
+        rules.append((glob, max(1, int(1000 / f + 0.5))))
+    return rules
+
+
+def policy_from_options(opts):
+    """The ubrb_policy.Policy of the policy flags in `opts` ({key: text or None}, the keys of
+    POLICY_OPTIONS), or None when none is given. ValueError with a line for a person."""
+    def get(k):
+        v = opts.get(k)
+        return v if v else None
+    v = get("allow_clients")
+    clients = parse_cidrs(v) if v is not None else None
+    v = get("allow_topics")
+    allow = parse_globs(v) if v is not None else None
+    v = get("deny_topics")
+    deny = parse_globs(v) if v is not None else None
+    v = get("throttle")
+    thr = parse_throttle(v) if v is not None else None
+    if not (clients or allow or deny or thr):
+        return None
+    from ubrb_policy import Policy
+
+    return Policy(clients, allow, deny, thr)
+
+
+def describe_policy(policy):
+    """What `policy` does, a line per rule (the gateway logs them at start-up)."""
+    lines = []
+    if policy.allow_clients:
+        lines.append("clients allowed from %d network(s)" % len(policy.allow_clients))
+    if policy.allow_topics:
+        lines.append("topics allowed: %s" % ", ".join(policy.allow_topics))
+    if policy.deny_topics:
+        lines.append("topics denied: %s" % ", ".join(policy.deny_topics))
+    for g, ms in policy.throttle:
+        lines.append("throttle %s: one MESSAGE per %d ms" % (g, ms))
+    return lines
+
+
+def apply_policy(gw, policy, new_buffer=bytearray):
+    """Give Gateway `gw` a Policy (allow-lists, throttle rules) before it serves, and log what it
+    does (the CPython gateway and direct mode; a board logs and installs in two halves)."""
+    for line in describe_policy(policy):
+        gw._log("info", "policy: " + line)
+    policy.install(gw, new_buffer)
+
+
+# ---------------------------------------------------------------------------------------------
+# The link: its key file, its URL grammar, the sizes of its session (one for every port)
+# ---------------------------------------------------------------------------------------------
+def parse_link_key(text):
+    """The link key in a key file's text: hex digits, whitespace anywhere ignored, at least 32
+    (16 bytes). ValueError with a sentence for a person otherwise."""
+    from binascii import unhexlify
+
+    h = "".join(text.split())
+    if len(h) < 32 or len(h) % 2:
+        raise ValueError("a link key is an even number of hex digits, at least 32 (16 bytes); "
+                         "found %d digits (make link-key writes one)" % len(h))
+    try:
+        return unhexlify(h)
+    except ValueError:
+        raise ValueError("a link key is hex digits only (0-9, a-f)")
+
+
+def link_needs_key(url):
+    """True when `url` is a link over the network to (or, at the companion, on) a non-loopback
+    address: UDP, or a serial link through a pyserial network URL (socket://, rfc2217://). Such a
+    link must be keyed, or started with --insecure-link (docs/LINK.md). A serial device needs none."""
+    kind, host, _ = parse_link_url(url)
+    if kind == "serial":
+        if not (host.startswith("socket://") or host.startswith("rfc2217://")):
+            return False                 # a device, a UART number, loop:// ...
+        host = host[host.find("://") + 3:].split("/")[0].rsplit(":", 1)[0].strip("[]")
+    elif kind != "udp":
+        return False
+    return not (host == "localhost" or host == "::1" or host.startswith("127."))
+
+
+_LINK_DEFAULT_UDP_PORT = const(8269)
+LINK_DEFAULT_MTU = const(1400)      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
+LINK_SERIAL_FRAME = const(1088)     # serial frame cap: a 1 KiB message and its headers fit one frame
+                             # (95 ms at 115200 baud)
+# Bytes of reliable frames a receiver lets be in flight towards it (window x max_frame): a UDP
+# socket's default receive queue (Linux: 212992 B of kernel accounting, ~2x each datagram) holds
+# only 12 datagrams of 8 KiB, so 16 frames at --link-mtu 8192 had the kernel drop the tail of
+# every window, unseen, and go-back-N resend the same overflowing burst (30k -> 500 msg/s).
+LINK_WINDOW_BYTES = const(64 * 1024)
+
+
+def parse_link_url(url):
+    """The link grammar of every port and of the companion:
+
+      udp://HOST[:PORT]   ('udp', HOST, PORT); PORT defaults to 8269; HOST may be [v6]
+      serial:PATH         ('serial', PATH, 0); PATH is a device or pyserial URL on CPython and a
+      uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID)
+      none (or empty)     ('none', '', 0): no link, no ROS side
+
+    ValueError, with a sentence for a person, for anything else."""
+    if url is None or url == "" or url == "none":
+        return "none", "", 0
+    if url.startswith("udp://"):
+        rest = url[6:].rstrip("/")
+        if rest.startswith("["):
+            host, _, port = rest[1:].partition("]")
+            port = port[1:] if port.startswith(":") else port
+        else:
+            host, sep, port = rest.rpartition(":")
+            if not sep:
+                host, port = rest, ""
+        if not host:
+            raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d"
+                             % _LINK_DEFAULT_UDP_PORT)
+        if not port:
+            return "udp", host, _LINK_DEFAULT_UDP_PORT
+        try:
+            n = int(port)
+        except ValueError:
+            raise ValueError("bad port %r in %r: expected a number 1-65535" % (port, url))
+        if not 1 <= n <= 65535:
+            raise ValueError("port %d in %r is out of range: expected 1-65535" % (n, url))
+        return "udp", host, n
+    for prefix in ("serial:", "uart:"):
+        if url.startswith(prefix):
+            path = url[len(prefix):]
+            if not path:
+                raise ValueError("%s needs a device, e.g. serial:/dev/ttyACM0 or uart:1" % prefix)
+            return "serial", path, 0
+    raise ValueError("unknown link %r: use udp://HOST:PORT or serial:PATH (or none)" % url)
+
+
+def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
+    """The buffers of one link session, for either end and every port: a dict with max_message,
+    max_frame, window, rel_bytes (reliable send ring), be_bytes (best-effort ring) and total
+    (every buffer the session allocates). Rings follow the largest message, so a small profile
+    (mcu) gets small rings, a big one room for a few messages in flight."""
+    mm = min(max_message, LINK_MAX_MESSAGE)
+    frame = mtu if datagram else LINK_SERIAL_FRAME
+    # UDP on a LAN sustains a wider window; a serial line or a board's small rx queues do not.
+    # Big frames take fewer: a window must fit the receive queue (LINK_WINDOW_BYTES).
+    window = 16 if datagram and mm > 4 * _KIB else 8
+    if window * frame > LINK_WINDOW_BYTES:
+        window = LINK_WINDOW_BYTES // frame if frame < LINK_WINDOW_BYTES else 1
+    # Reliable ring: up to four largest messages in flight (at most 256 KiB); for messages of
+    # 2 KiB and less (the mcu profile, a board's heap) two, beside the 1/4 control reserve.
+    if mm > 2 * _KIB:
+        rel = max(2 * mm, min(4 * mm, 256 * _KIB))
+    else:
+        rel = max(4 * _KIB, (8 * (mm + LK_RHDR_MAX) + 2) // 3)
+    be = max(4 * _KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
+    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
+    return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
+            "be_bytes": be, "total": total}
+
+
+def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
+                     max_slots=256, key=None, nonce=None):
+    """A LinkSession sized by link_sizes(): how every port and the companion make one. `key`:
+    the link key (bytes) or None; `nonce`: the port's random source for new epochs."""
+    z = link_sizes(max_message, datagram, mtu)
+    return core.LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
+                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots, key, nonce)
