@@ -1737,9 +1737,16 @@ LK_JSON_MAX = const(96 * 1024)  # longest JSON record either end parses (a regis
 LK_JSON_DEPTH = const(4)   # deepest JSON nesting a record may have (ADV/SUB: 2)
 _LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (small ints on MicroPython)
 LK_TEXT_MAX = const(1024)  # longest message / distro string taken from the peer
-LK_RESULT_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
-                   "link_congested", "resource_exhausted")
-LK_ERROR_CODES = ("message_too_large", "link_congested", "qos_incompatible")
+# Every ERROR code the bridge sends (docs/PROTOCOL.md, "ERROR codes", has a row for each, and
+# tests/core/test_codec.py checks that the code, that table and the spec agree). The first six
+# may end a registration (a RESULT record from the companion), the three from the sixth on may
+# come in an ERROR record on a live slot; the companion's are checked against these slices.
+ERROR_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
+               "resource_exhausted", "link_congested", "message_too_large", "qos_incompatible",
+               "hello_required", "unsupported_protocol", "too_many_clients", "protocol_error",
+               "unknown_id", "duplicate_id", "topic_denied", "link_reset")
+LK_RESULT_CODES = ERROR_CODES[0:6]
+LK_ERROR_CODES = ERROR_CODES[5:8]
 
 
 def _lk_t8():
