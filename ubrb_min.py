@@ -137,7 +137,7 @@ PROFILES = {
         "queue_bytes": 16 * MIB,  # per-client send queue
         "control_reserve": 64 * _KIB,  # part of the queue only control frames may use
         "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
-        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile)
+        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile), before HELLO
         "slow_client_timeout": 5,
         "frame_timeout": 10,
     },
@@ -188,8 +188,8 @@ LIMITS = tuple([tuple(line.split(" ", 1)) for line in (
     "control_reserve bytes of each send queue only control frames may use\n"
     "max_throttled subscription topics --throttle can hold a message for at once "
     "(one max-payload buffer each)\n"
-    "max_clients_per_address connections one client address may hold (0: half of "
-    "max_clients, so one host never takes every slot)\n"
+    "max_clients_per_address connections one client address may hold before HELLO (0: half "
+    "of max_clients; sessions past HELLO count against max_clients only)\n"
     "slow_client_timeout seconds a client's send queue may stay full without it reading a "
     "whole frame before the client is closed\n"
     "frame_timeout seconds a frame may take to arrive once its first byte is in (a "
@@ -211,7 +211,7 @@ def make_profile(name, overrides=None):
     for k in PROFILE_KEYS:
         if p[k] < (0 if k == "max_clients_per_address" else 1):
             raise ValueError("%s must be at least 1" % k)
-    if p["max_clients_per_address"] == 0:
+    if p["max_clients_per_address"] == 0:  # of connections before HELLO: half, rounded up
         p["max_clients_per_address"] = max(1, (p["max_clients"] + 1) // 2)
     if p["max_control"] < 256:
         raise ValueError("max_control must be at least 256 bytes")
@@ -957,7 +957,7 @@ class ClientSession:
         self.sub_reliable = bytearray(p["max_subs"])
         self.sub_refs = bytearray(p["max_topics"])  # how many of my sub ids sit on each sub slot
         self.name = ""
-        self.host = None  # the peer's address (no port), for max_clients_per_address
+        self.host = None  # the peer's address (no port) until HELLO: max_clients_per_address
         self.accepted_ms = 0
         self.last_rx_ms = 0
         self.rx_start_ms = -1  # when the first byte of a still incomplete frame came; -1: none
@@ -1165,7 +1165,9 @@ class Gateway:
     def accept(self, now, peer=None):
         """A new connection (from `peer`, the port's address object: for the log and the
         per-address limit): its client index, or -1 when every session is taken or the peer's
-        address holds max_clients_per_address of them (send reject_frame(), then close it)."""
+        address holds max_clients_per_address sessions that have not said HELLO yet (send
+        reject_frame(), then close it). Sessions past HELLO never count against the address:
+        two UE worlds on one PC are served as far as max_clients goes."""
         self.now = now
         self._refused_address = False
         if self.policy is not None and not self.policy.client_allowed(peer):
@@ -1176,15 +1178,15 @@ class Gateway:
         host = peer_host(peer)
         if host is not None:
             n = 0
-            for c in self.clients:
+            for c in self.clients:  # a session's host is None once it has said HELLO
                 if c.state != S_FREE and c.host == host:
                     n += 1
             if n >= self.p["max_clients_per_address"]:
                 self.stat_counts[_GS_CLIENTS_REJECTED] += 1
                 self.stat_counts[_GS_REJECTED_PER_ADDRESS] += 1
-                self.refusal = ("the gateway serves at most %d clients per address "
-                                "(--max-clients-per-address)" % self.p["max_clients_per_address"])
-                self._log("warning", "refusing %s: its address holds %d clients already"
+                self.refusal = ("the gateway takes at most %d connections per address before "
+                                "HELLO (--max-clients-per-address)" % self.p["max_clients_per_address"])
+                self._log("warning", "refusing %s: its address holds %d connections before HELLO"
                           % (peer, n))
                 return -1
         for c in self.clients:
@@ -1543,6 +1545,7 @@ class Gateway:
         c.name = name if isinstance(name, str) else ""
         first = c.state == _S_OPEN
         c.state = S_READY
+        c.host = None  # past HELLO: no longer counted against its address
         self._send_json(
             c,
             OP_HELLO_ACK,
