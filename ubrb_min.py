@@ -1096,7 +1096,9 @@ class Gateway:
 
     Port contract (see ports/cpython/gateway.py):
       ci = accept(now, peer)      -> client index, or -1: send reject_frame(), then close without
-                                     a reset (read and drop the peer's input first)
+                                     a reset (read and drop the peer's input first); when
+                                     crowded(peer), first read the clients and close the ones
+                                     flushed_close(): their EOFs and HELLOs may free the room
       decoder = clients[ci].decoder; recv into decoder.buf[decoder.fill:]; received(ci, n, now)
       backlog(ci)                 -> frames wait: received(ci, 0, now) next turn, before reading
       interest(ci)                -> WANT_READ / WANT_WRITE: what to wait for (and whether to read)
@@ -1162,6 +1164,19 @@ class Gateway:
             self.log(level, msg)
 
     # -- port-facing -------------------------------------------------------------------------
+    def crowded(self, peer=None):
+        """True when accept(now, peer) would refuse `peer` for want of room: no session free,
+        or its address at max_clients_per_address. A port then first reaps its clients (reads
+        EOFs and HELLOs already in their sockets, closes the flushed closes) and accepts after."""
+        host = peer_host(peer)
+        free = n = 0
+        for c in self.clients:
+            if c.state == S_FREE:
+                free += 1
+            elif host is not None and c.host == host:
+                n += 1
+        return free == 0 or n >= self.p["max_clients_per_address"]
+
     def accept(self, now, peer=None):
         """A new connection (from `peer`, the port's address object: for the log and the
         per-address limit): its client index, or -1 when every session is taken or the peer's
