@@ -786,7 +786,7 @@ class ClientSession:
         self.sub_reliable = bytearray(p["max_subs"])
         self.sub_refs = bytearray(p["max_topics"])  # how many of my sub ids sit on each sub slot
         self.name = ""
-        self.host = None  # the peer's address (no port), for max_clients_per_address
+        self.host = None  # the peer's address (no port) until HELLO: max_clients_per_address
         self.accepted_ms = 0
         self.last_rx_ms = 0
         self.rx_start_ms = -1  # when the first byte of a still incomplete frame came; -1: none
@@ -925,7 +925,9 @@ class Gateway:
 
     Port contract (see ports/cpython/ubrb_host/loop.py and ports/micropython/loop.py):
       ci = accept(now, peer)      -> client index, or -1: send reject_frame(), then close without
-                                     a reset (read and drop the peer's input first)
+                                     a reset (read and drop the peer's input first); when
+                                     crowded(peer), first read the clients and close the ones
+                                     flushed_close(): their EOFs and HELLOs may free the room
       decoder = clients[ci].decoder; recv into decoder.buf[decoder.fill:]; received(ci, n, now)
       backlog(ci)                 -> frames wait: received(ci, 0, now) next turn, before reading
       interest(ci)                -> WANT_READ / WANT_WRITE: what to wait for (and whether to read)
@@ -980,10 +982,25 @@ class Gateway:
             self.log(level, msg)
 
     # -- port-facing -------------------------------------------------------------------------
+    def crowded(self, peer=None):
+        """True when accept(now, peer) would refuse `peer` for want of room: no session free,
+        or its address at max_clients_per_address. A port then first reaps its clients (reads
+        EOFs and HELLOs already in their sockets, closes the flushed closes) and accepts after."""
+        host = peer_host(peer)
+        free = n = 0
+        for c in self.clients:
+            if c.state == S_FREE:
+                free += 1
+            elif host is not None and c.host == host:
+                n += 1
+        return free == 0 or n >= self.p["max_clients_per_address"]
+
     def accept(self, now, peer=None):
         """A new connection (from `peer`, the port's address object: for the log and the
         per-address limit): its client index, or -1 when every session is taken or the peer's
-        address holds max_clients_per_address of them (send reject_frame(), then close it)."""
+        address holds max_clients_per_address sessions that have not said HELLO yet (send
+        reject_frame(), then close it). Sessions past HELLO never count against the address:
+        two UE worlds on one PC are served as far as max_clients goes."""
         self.now = now
         self._refused_address = False
         if self.policy is not None and not self.policy.client_allowed(peer):
@@ -994,15 +1011,15 @@ class Gateway:
         host = peer_host(peer)
         if host is not None:
             n = 0
-            for c in self.clients:
+            for c in self.clients:  # a session's host is None once it has said HELLO
                 if c.state != S_FREE and c.host == host:
                     n += 1
             if n >= self.p["max_clients_per_address"]:
                 self.stat_counts[_GS_CLIENTS_REJECTED] += 1
                 self.stat_counts[_GS_REJECTED_PER_ADDRESS] += 1
-                self.refusal = ("the gateway serves at most %d clients per address "
-                                "(--max-clients-per-address)" % self.p["max_clients_per_address"])
-                self._log("warning", "refusing %s: its address holds %d clients already"
+                self.refusal = ("the gateway takes at most %d connections per address before "
+                                "HELLO (--max-clients-per-address)" % self.p["max_clients_per_address"])
+                self._log("warning", "refusing %s: its address holds %d connections before HELLO"
                           % (peer, n))
                 return -1
         for c in self.clients:
@@ -1361,6 +1378,7 @@ class Gateway:
         c.name = name if isinstance(name, str) else ""
         first = c.state == _S_OPEN
         c.state = S_READY
+        c.host = None  # past HELLO: no longer counted against its address
         self._send_json(
             c,
             OP_HELLO_ACK,

@@ -28,7 +28,7 @@ PROFILES = {
         "queue_bytes": 16 * MIB,  # per-client send queue
         "control_reserve": 64 * _KIB,  # part of the queue only control frames may use
         "max_throttled": 8,  # --throttle holding buffers (max_payload each): throttled topics
-        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile)
+        "max_clients_per_address": 0,  # 0: half of max_clients (make_profile), before HELLO
         "slow_client_timeout": 5,
         "frame_timeout": 10,
     },
@@ -79,8 +79,8 @@ LIMITS = tuple([tuple(line.split(" ", 1)) for line in (
     "control_reserve bytes of each send queue only control frames may use\n"
     "max_throttled subscription topics --throttle can hold a message for at once "
     "(one max-payload buffer each)\n"
-    "max_clients_per_address connections one client address may hold (0: half of "
-    "max_clients, so one host never takes every slot)\n"
+    "max_clients_per_address connections one client address may hold before HELLO (0: half "
+    "of max_clients; sessions past HELLO count against max_clients only)\n"
     "slow_client_timeout seconds a client's send queue may stay full without it reading a "
     "whole frame before the client is closed\n"
     "frame_timeout seconds a frame may take to arrive once its first byte is in (a "
@@ -102,7 +102,7 @@ def make_profile(name, overrides=None):
     for k in PROFILE_KEYS:
         if p[k] < (0 if k == "max_clients_per_address" else 1):
             raise ValueError("%s must be at least 1" % k)
-    if p["max_clients_per_address"] == 0:
+    if p["max_clients_per_address"] == 0:  # of connections before HELLO: half, rounded up
         p["max_clients_per_address"] = max(1, (p["max_clients"] + 1) // 2)
     if p["max_control"] < 256:
         raise ValueError("max_control must be at least 256 bytes")

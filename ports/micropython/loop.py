@@ -238,8 +238,12 @@ class GatewayLoop:
                 self.ev_bits[k] = ev[1]
                 k += 1
         now = self.clock.ms()
+        accept = False
         for j in range(k):
             who = self.ev_who[j]
+            if who == 0:
+                accept = True  # after every client's input: an EOF read there frees its slot
+                continue
             try:
                 self._event(who, self.ev_bits[j], now)
             except Exception as e:   # one bad event is dropped; the gateway serves on
@@ -250,6 +254,11 @@ class GatewayLoop:
             for ci in range(n):  # their next slice of frames, readable or not
                 if socks[ci] is not None and gw.backlog(ci):
                     self._read(ci, now)
+        if accept:
+            try:
+                self._accept(now)
+            except Exception as e:
+                self._contained(e, 0, now)
         now = self.clock.ms()
         gw.tick(now)
         if link is not None:
@@ -271,9 +280,7 @@ class GatewayLoop:
 
     def _event(self, who, bits, now):
         socks = self.socks
-        if who == 0:
-            self._accept(now)
-        elif who == 1:
+        if who == 1:
             self.link.on_readable(now)
         else:
             ci = who - 2
@@ -313,6 +320,7 @@ class GatewayLoop:
 
     # -- clients ----------------------------------------------------------------------------
     def _accept(self, now):
+        reaped = False
         for _ in range(4):
             try:
                 r = self.lsock.accept()
@@ -325,13 +333,36 @@ class GatewayLoop:
                     s.setsockopt(self.ipproto_tcp, self.nodelay, 1)
                 except OSError:
                     pass
-            ci = self.gw.accept(now, accepted_peer(r[1]))  # the core logs who came or was refused
+            peer = accepted_peer(r[1])
+            if not reaped and self.gw.crowded(peer):
+                self._reap(now)  # again only once a connection was accepted since
+                reaped = True
+            ci = self.gw.accept(now, peer)  # the core logs who came or was refused
             if ci >= 0:
+                reaped = False
                 self.socks[ci] = s
                 self.mask[ci] = self.POLLIN
                 self.poll.register(s, self.POLLIN)
             else:
                 self._refuse(s)
+
+    def _reap(self, now):
+        """Before a connection is refused for want of room: close the clients done closing and
+        read the others, so a client that closed and reconnects at once (its EOF still unread)
+        frees its slot, and a HELLO already in a socket stops counting against its address."""
+        gw = self.gw
+        for ci in range(len(self.socks)):
+            if self.socks[ci] is None:
+                continue
+            if gw.flushed_close(ci):
+                self._drop(ci, gw.clients[ci].close_reason)
+            elif gw.close_overdue(ci, now):
+                self._drop(ci, "closing: last frames not read")
+            else:
+                try:
+                    self._read(ci, now)
+                except Exception as e:   # that client is closed; the accept goes on
+                    self._contained(e, ci + 2, now)
 
     def _refuse(self, s):
         try:  # best effort: the ERROR too_many_clients, then the close

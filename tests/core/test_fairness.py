@@ -38,6 +38,80 @@ def test_connections_per_address_are_limited_and_other_addresses_still_served():
     assert "at most 4 clients" in refusal(gw)["message"]
 
 
+class Peer(Client):
+    """A Client connected from `peer` (host, port), as a port hands accept() its peers."""
+
+    def __init__(self, gw, peer, now=0):
+        self.gw = gw
+        self.ci = gw.accept(now, peer)
+        assert self.ci >= 0, peer
+
+
+def test_sessions_past_hello_never_count_against_their_address():
+    # Two UE worlds on one PC with max_clients 2 (mcu): the default per-address limit (1) bounds
+    # connections before HELLO only, so both worlds are served, one after the other's HELLO.
+    gw, ros = gateway(max_clients=2)
+    assert gw.p["max_clients_per_address"] == 1
+    a = Peer(gw, ("192.0.2.7", 50001))
+    a.send(hello("world A"))
+    b = Peer(gw, ("192.0.2.7", 50002))
+    b.send(hello("world B"))
+    for c in (a, b):
+        assert [op for op, _ in c.frames()] == [U.OP_HELLO_ACK]
+    assert gw.counters()["rejected_per_address"] == 0
+    # max_clients still bounds them, with its own message, and evicts nobody
+    assert gw.accept(0, ("192.0.2.7", 50003)) == -1
+    assert "at most 2 clients" in refusal(gw)["message"]
+    assert gw.clients[a.ci].state == U.S_READY and gw.clients[b.ci].state == U.S_READY
+
+
+def test_connections_before_hello_are_capped_per_address_until_they_say_hello():
+    gw, ros = gateway(max_clients=4, max_clients_per_address=2)
+    a = Peer(gw, ("127.0.0.1", 40001))
+    b = Peer(gw, ("127.0.0.1", 40002))
+    assert gw.accept(0, ("127.0.0.1", 40003)) == -1
+    e = refusal(gw)
+    assert e["code"] == "too_many_clients" and "--max-clients-per-address" in e["message"]
+    assert "before HELLO" in e["message"]
+    a.send(hello())  # a completes HELLO: it stops counting against 127.0.0.1
+    c = Peer(gw, ("127.0.0.1", 40004))
+    assert gw.accept(0, ("127.0.0.1", 40005)) == -1  # b and c: two without HELLO again
+    assert gw.counters()["rejected_per_address"] == 2
+    # Without HELLO in 5 s they are closed; until the port has closed them they still count
+    # (a peer that does not read its ERROR cannot open new ones in their place meanwhile).
+    gw.tick(5000)
+    assert b.closing() and c.closing() and not a.closing()
+    assert gw.accept(5000, ("127.0.0.1", 40006)) == -1
+    b.close()
+    assert Peer(gw, ("127.0.0.1", 40007), 5000).ci >= 0
+    # A HELLO-less session from another address is not the first address's.
+    assert Peer(gw, ("127.0.0.2", 40008), 5000).ci >= 0
+
+
+def test_an_address_flooding_helloless_dribblers_leaves_other_addresses_served():
+    # pi-sized: 8 slots, 4 HELLO-less connections per address by default. One address holds an
+    # established session and floods with connections that dribble their HELLO a byte at a time.
+    gw, ros = gateway(max_clients=8)
+    assert gw.p["max_clients_per_address"] == 4
+    mine = Peer(gw, ("10.1.1.1", 1000))
+    mine.send(hello("established"))
+    h = hello("dribbler")
+    held = []
+    for k in range(8):
+        ci = gw.accept(0, ("10.1.1.1", 2000 + k))
+        if ci >= 0:
+            held.append(ci)
+            gw.clients[ci].decoder.buf[0] = h[0]
+            gw.received(ci, 1, 0)
+    assert len(held) == 4  # the established session took none of them
+    assert gw.counters()["rejected_per_address"] == 4
+    other = Peer(gw, ("10.2.2.2", 3000))
+    other.send(hello("honest"))
+    assert [op for op, _ in other.frames()] == [U.OP_HELLO_ACK]
+    assert [op for op, _ in mine.frames()] == [U.OP_HELLO_ACK]
+    assert Peer(gw, ("10.3.3.3", 3001)).ci >= 0  # slots left for a third address too
+
+
 def test_raw_sockaddr_peers_are_counted_by_address_not_port():
     # MicroPython's unix port hands accept()'s peer over as a raw sockaddr_in.
     def sockaddr(a, port):

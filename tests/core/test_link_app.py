@@ -278,7 +278,7 @@ def _imu_over_link(policy, seconds=2):
     # A 1 kHz ROS topic offered to the companion end for `seconds`; returns what reached the
     # gateway (messages) and the bytes that crossed the link companion -> gateway meanwhile.
     p, port, gw, comp, end = setup()
-    gw.policy = policy              # as Gateway.set_policy leaves it for LinkRosPort.subscribe
+    gw.policy = policy              # as Policy.install leaves it for LinkRosPort.subscribe
     gw.subs[3] = ("/imu", "sensor_msgs/msg/Imu", QOS_BE)
     p.run(300)
     gw.take()

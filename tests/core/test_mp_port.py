@@ -10,7 +10,7 @@ import ubrb_setup
 import mp_fakes as F
 from scripted import ScriptedRos
 from tests.support.qos import QOS_BE, QOS_R
-from tests.support.ubrb_frames import advertise, hello, parse_frames, publish, subscribe
+from tests.support.ubrb_frames import advertise, hello, parse_frames, ping, publish, subscribe
 
 G, LK = F.load_port()
 ML = F.load_loop()
@@ -447,6 +447,34 @@ def test_too_many_clients_are_refused():
     assert c.peer_closed and got[0][0] == U.OP_ERROR
     assert json.loads(got[0][1])["code"] == "too_many_clients"
     assert not a.peer_closed and not b.peer_closed
+
+
+def test_a_new_connection_gets_the_slot_of_a_client_closed_with_nothing_left_to_send():
+    # mcu: 2 slots. A client closed for saying nothing for 10 s has no frame left to flush, so
+    # its socket is closed at the latest 2 s later; a connection that comes meanwhile finds no
+    # free slot: the port closes that client first instead of refusing the newcomer.
+    rig = Rig()
+    rig.up()
+    a = rig.connect()
+    a.send(hello())
+    b = rig.connect()
+    b.send(hello())
+    rig.run(50)
+    ia = ci_of(rig, a)
+    for _ in range(120):  # b pings every 100 ms, a is silent
+        if rig.gw.wants_close(ia):
+            break
+        b.send(ping())
+        rig.run(100)
+    assert rig.gw.wants_close(ia) and rig.loop.socks[ia] is a.peer  # closing, not yet closed
+    frames(a)
+    c = rig.connect()
+    assert not c.peer_closed, frames(c)  # not refused with too_many_clients
+    c.send(hello())
+    rig.run(20)
+    assert [op for op, _ in frames(c)] == [U.OP_HELLO_ACK]
+    assert a.peer_closed and not b.peer_closed
+    assert rig.gw.counters()["clients_rejected"] == 0
 
 
 def test_a_slow_client_is_written_as_it_reads():

@@ -54,10 +54,9 @@ class MicroPythonBridge:
         self.gw: Optional[MicroPythonGateway] = None
         try:
             self.start_companion()
-            # both clients come from 127.0.0.1: the mcu profile's per-address limit (half of
-            # max_clients: 1) would refuse the second, as it does on CPython
-            self.gw = MicroPythonGateway("--link", self.comp_url, "--max-clients-per-address",
-                                         "2", *link_args, heap=HEAP,
+            # both clients come from 127.0.0.1, on the mcu profile's own limits: the per-address
+            # one bounds connections before HELLO only
+            self.gw = MicroPythonGateway("--link", self.comp_url, *link_args, heap=HEAP,
                                          env=child_env(E2E_DOMAIN, E2E_XML))
             self.port = self.gw.port
             self.gw.wait_line(r"ROS side up", 10)

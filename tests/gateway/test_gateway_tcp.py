@@ -16,6 +16,7 @@ from typing import Optional
 import pytest
 
 import ubrb_min as U
+import ubrb_setup
 from ubrb_host.loop import GatewayServer
 from scripted import ScriptedRos, profile
 from tests.support.mp_unix import HEAP, MicroPythonGateway, deployed_layout, gateway_argv
@@ -51,8 +52,7 @@ def stop_cleanly(g: Proc) -> Optional[int]:
 
 @pytest.fixture(scope="module", params=RUNTIMES)
 def gateway(request):
-    g = start_gateway(request.param, "--link", "none", "--profile", "mcu", "--max-clients", "3",
-                      "--max-clients-per-address", "3")  # every test client is 127.0.0.1
+    g = start_gateway(request.param, "--link", "none", "--profile", "mcu", "--max-clients", "3")
     yield g
     assert stop_cleanly(g) == 0, g.text()
 
@@ -112,10 +112,12 @@ def test_unsupported_protocol_closes(gateway):
 
 
 def test_too_many_clients(gateway):
-    held = [RawClient(gateway.port) for _ in range(3)]
-    for c in held:
+    held = []
+    for _ in range(3):  # each says HELLO as it connects, as the plugin does
+        c = RawClient(gateway.port)
         c.send(hello())
         c.expect(U.OP_HELLO_ACK)
+        held.append(c)
     extra = RawClient(gateway.port)
     frames = extra.expect_closed()
     assert frames[0][0] == U.OP_ERROR and b"too_many_clients" in frames[0][1]
@@ -137,18 +139,112 @@ def test_too_many_clients(gateway):
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_clients_per_address(runtime):
     # both ports hand the core the peer's host (the unix port's accept() gives a raw sockaddr):
-    # a second connection from 127.0.0.1 is refused, the first keeps being served
+    # while a connection from 127.0.0.1 has not said HELLO, a second one is refused; once it
+    # has, it no longer counts against the address and the next one is served
     g = start_gateway(runtime, "--link", "none", "--profile", "mcu", "--max-clients", "3",
                       "--max-clients-per-address", "1")
     try:
         first = RawClient(g.port)
-        first.send(hello())
-        first.expect(U.OP_HELLO_ACK)
         frames = RawClient(g.port).expect_closed()
         assert frames[0][0] == U.OP_ERROR and b"per address" in frames[0][1], frames
-        first.send(ping())
-        first.expect(U.OP_PONG)
-        first.close()
+        first.send(hello())
+        first.expect(U.OP_HELLO_ACK)
+        second = RawClient(g.port)
+        second.send(hello())
+        second.expect(U.OP_HELLO_ACK)
+        for c in (first, second):
+            c.send(ping())
+            c.expect(U.OP_PONG)
+            c.close()
+    finally:
+        assert stop_cleanly(g) == 0, g.text()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_client_that_reconnects_at_once_is_served(runtime):
+    # The mcu profile's own limits (2 clients; 1 per address before HELLO): two UE worlds on one
+    # PC, then each in turn publishes its last data, closes and reconnects at once, as the
+    # plugin does after a disconnect. The new connection is ready while the old one's EOF is
+    # still behind a turn's worth of frames (FRAMES_PER_TURN): the port reads on to that EOF
+    # (its slot comes free) before it answers too_many_clients.
+    g = start_gateway(runtime, "--link", "none", "--profile", "mcu")
+    last = b"".join(publish(1, b"%02d" % i) for i in range(U.FRAMES_PER_TURN + 8))
+
+    def world(name: str) -> RawClient:
+        c = RawClient(g.port)
+        c.send(hello(name) + advertise(1, "/odom", "nav_msgs/msg/Odometry", QOS_BE))
+        f = c.recv_frame()
+        assert f is not None and f[0] == U.OP_HELLO_ACK, (name, f)
+        return c
+
+    try:
+        worlds = [world("world A"), world("world B")]
+        for k in range(20):
+            worlds[k % 2].send(last)
+            worlds[k % 2].close()
+            worlds[k % 2] = world("again %d" % k)
+        for c in worlds:
+            c.send(ping())
+            c.expect(U.OP_PONG)
+            c.close()
+    finally:
+        assert stop_cleanly(g) == 0, g.text()
+
+
+def test_the_cpython_loop_reads_an_eof_behind_a_turn_of_frames_before_refusing():
+    # The same case, the loop stepped by hand so the order is fixed: the old connection's last
+    # frames, its EOF and the new connection with its HELLO are all in before one step() (a
+    # select() that sees the old socket and the listener ready at once).
+    gw = U.Gateway(ubrb_setup.make_profile("mcu"))
+    server = GatewayServer(gw, ("127.0.0.1", 0))
+    port = server.address[1]
+
+    def step_until(cond) -> None:
+        for _ in range(200):
+            server.step()
+            if cond():
+                return
+        raise AssertionError("the loop did not get there")
+
+    try:
+        worlds = []
+        for name in ("world A", "world B"):
+            c = RawClient(port)
+            c.send(hello(name) + advertise(1, "/odom", "nav_msgs/msg/Odometry", QOS_BE))
+            step_until(lambda: gw.counters()["clients_accepted"] == len(worlds) + 1
+                       and all(x.state == U.S_READY for x in gw.clients if x.state != U.S_FREE))
+            c.expect(U.OP_HELLO_ACK)
+            worlds.append(c)
+        worlds[0].send(b"".join(publish(1, b"%02d" % i) for i in range(U.FRAMES_PER_TURN + 8)))
+        worlds[0].close()
+        again = RawClient(port)
+        again.send(hello("world A again"))
+        time.sleep(0.1)  # loopback: everything is in the kernel by now
+        server.step()
+        assert gw.counters()["clients_rejected"] == 0, gw.counters()
+        step_until(lambda: gw.clients[0].state == U.S_READY and gw.clients[1].state == U.S_READY)
+        again.expect(U.OP_HELLO_ACK)
+        for c in (again, worlds[1]):
+            c.close()
+    finally:
+        server.close()
+
+
+def test_two_clients_from_one_address_with_max_clients_2():
+    # `--max-clients 2` on CPython (pi profile, 1 per address before HELLO): both are served
+    g = start_gateway("cpython", "--link", "none", "--max-clients", "2")
+    try:
+        worlds = []
+        for name in ("world A", "world B"):  # each sends HELLO as it connects, as the plugin does
+            c = RawClient(g.port)
+            c.send(hello(name))
+            worlds.append(c)
+        for c in worlds:
+            c.expect(U.OP_HELLO_ACK)
+        frames = RawClient(g.port).expect_closed()
+        assert frames[0][0] == U.OP_ERROR and b"at most 2 clients" in frames[0][1], frames
+        for c in worlds:
+            c.close()
     finally:
         assert stop_cleanly(g) == 0, g.text()
 

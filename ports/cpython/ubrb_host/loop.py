@@ -125,11 +125,12 @@ class GatewayServer:
         wait = getattr(self.link, "wait_ms", None)  # a paced link: wake when it may send again
         if wait is not None and wait():
             timeout = min(timeout, wait() / 1000.0)
+        accept = False
         for key, events in self.sel.select(timeout):
             kind, ci = key.data
             now = now_ms()
             if kind == "listen":
-                contained("accepting a client", self._accept, now)
+                accept = True  # after every client's input: an EOF read there frees its slot
             elif kind == "link":
                 contained("handling link input", self.link.on_readable, now)
             elif not contained("serving client %d" % ci, self._client_event, ci, events, now):
@@ -138,6 +139,8 @@ class GatewayServer:
             if self.socks[ci] is not None and not contained("serving client %d" % ci, self._read,
                                                             ci, now_ms()):
                 contained("closing client %d" % ci, self._drop, ci, "internal error")
+        if accept:
+            contained("accepting a client", self._accept, now_ms())
         now = now_ms()
         contained("gateway timers", self.gw.tick, now)
         if self.refused:
@@ -177,6 +180,7 @@ class GatewayServer:
             self.link_fd = fd
 
     def _accept(self, now: int) -> None:
+        reaped = False
         while True:
             try:
                 sock, addr = self.lsock.accept()
@@ -184,13 +188,32 @@ class GatewayServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not reaped and self.gw.crowded(addr):
+                self._reap(now)  # again only once a connection was accepted since
+                reaped = True
             ci = self.gw.accept(now, addr)  # the core logs who came and who was refused
             if ci >= 0:
+                reaped = False
                 self.socks[ci] = sock
                 self.sel.register(sock, selectors.EVENT_READ, ("client", ci))
                 self.watched[ci] = selectors.EVENT_READ
             else:
                 self._refuse(sock)
+
+    def _reap(self, now: int) -> None:
+        """Before a connection is refused for want of room: close the clients done closing and
+        read the others, so a client that closed and reconnects at once (its EOF still unread)
+        frees its slot, and a HELLO already in a socket stops counting against its address."""
+        gw = self.gw
+        for ci, s in enumerate(self.socks):
+            if s is None:
+                continue
+            if gw.flushed_close(ci):
+                self._drop(ci, gw.clients[ci].close_reason)
+            elif gw.close_overdue(ci, now):
+                self._drop(ci, gw.clients[ci].close_reason + " (last frames not read)")
+            elif not contained("serving client %d" % ci, self._read, ci, now):
+                contained("closing client %d" % ci, self._drop, ci, "internal error")
 
     def _refuse(self, sock: socket.socket) -> None:
         try:  # best effort: the ERROR too_many_clients, then the close
