@@ -65,17 +65,25 @@ run.main(sys.argv[1:])
 print("SERVING", " ".join(seen[0]))
 '''
 
-# The heap of importing one module (what the modules it imports cost already taken).
+# The heap of importing one module, the modules it imports loaded first (so each row is that
+# module's own code, constants and new names).
 IMPORT_SCRIPT = r'''
 import gc, sys
-import ubrb_min
-from ports.micropython import loop
+for m in sys.argv[-1].split(",")[1:]:
+    __import__(m)
 gc.collect()
 a = gc.mem_alloc()
-__import__(sys.argv[-1])
+__import__(sys.argv[-1].split(",")[0])
 gc.collect()
 print("IMPORT", gc.mem_alloc() - a)
 '''
+# what each board module imports of the project
+PREREQUISITES = {
+    "ubrb_setup": "ubrb_min", "ubrb_policy": "ubrb_min", "ubrb_keyed": "ubrb_min",
+    "ports.micropython.loop": "ubrb_min", "ports.micropython.link": "ubrb_min",
+    "ports.micropython.gateway": "ubrb_min,ubrb_setup,ports.micropython.loop",
+    "ports.micropython.build": "ubrb_min,ports.micropython.loop,ports.micropython.link",
+}
 
 # The core objects of an mcu gateway with a UDP link session (no port objects: the WebAssembly
 # build has no sockets), after the code is loaded.
@@ -179,7 +187,9 @@ def modules_loaded(interp: str, folder: str, flags: Sequence[str], romfs: bool) 
 
 
 def import_heap(interp: str, folder: str, module: str) -> int:
-    r = subprocess.run([interp, "-X", "heapsize=1m", "-c", IMPORT_SCRIPT, module], cwd=folder,
+    pre = PREREQUISITES.get(module, "")
+    r = subprocess.run([interp, "-X", "heapsize=1m", "-c", IMPORT_SCRIPT,
+                        module + ("," + pre if pre else "")], cwd=folder,
                        capture_output=True, text=True, timeout=60)
     m = re.search(r"IMPORT (\d+)", r.stdout)
     return int(m.group(1)) if m else -1
@@ -239,7 +249,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                     ", ".join(serving)))
             print("  %-7s start-up only %6d: %s" % ("", sum(size[m] for m in at_start),
                                                     ", ".join(at_start)))
-        print("\nheap per module import (bytes: code, constants, its new names)")
+        print("\nheap per module import (bytes: code, constants, its new names; what it imports of the"
+              "\nproject loaded first)")
         print("  %-34s" % "" + "".join("%28s" % label[:27] for label, _ in interps))
         for mod in size:
             print("  %-34s" % mod_path(mod) + "".join(
