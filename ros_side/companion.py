@@ -159,6 +159,10 @@ class Companion:
         self._held = collections.deque()  # reliable messages waiting for link room (loop thread)
         self._held_bytes = 0
         self._q_rel = self._q_rel_bytes = 0  # pausable (reliable) part of _queue
+        # the pausable messages poll() took out of _queue and _held and is handing over right
+        # now: they still count against the bound until poll() has delivered or held them again
+        # (without this a reader could add a whole take batch while poll() runs: 2 batches over)
+        self._inflight_rel = self._inflight_rel_bytes = 0
         self._can_pause = hasattr(backend, "resume_subscription")
         self._signalled = False
         self._rfd, self._wfd = os.pipe()
@@ -243,6 +247,7 @@ class Companion:
             self._queued_bytes = 0
             self._held.clear()
             self._held_bytes = self._q_rel = self._q_rel_bytes = 0
+            self._inflight_rel = self._inflight_rel_bytes = 0
             self._paused = set()
             self._too_large_pending.clear()
         self._reported.clear()
@@ -398,8 +403,8 @@ class Companion:
             # reliable messages waiting for the link never crowd out best-effort ones
             pausable = ent.qos[0] and self._can_pause
             if pausable:
-                qn = self._q_rel + len(self._held)
-                qb = self._q_rel_bytes + self._held_bytes
+                qn = self._q_rel + len(self._held) + self._inflight_rel
+                qb = self._q_rel_bytes + self._held_bytes + self._inflight_rel_bytes
             else:
                 qn = len(self._queue) - self._q_rel
                 qb = self._queued_bytes - self._q_rel_bytes
@@ -447,6 +452,8 @@ class Companion:
             self._signalled = False
             batch = self._queue
             self._queue = collections.deque()
+            self._inflight_rel = self._q_rel + len(self._held)
+            self._inflight_rel_bytes = self._q_rel_bytes + self._held_bytes
             self._queued_bytes = self._q_rel = self._q_rel_bytes = 0
             if self._held:  # what waited for link room goes first
                 self._held.extend(batch)
@@ -474,8 +481,7 @@ class Companion:
             self.stats["sub_bytes"] += n
             for slot in tuple(ent.slots):
                 sink.ros_message(slot, data, 0, n)
-        if held is not None or self._paused:
-            self._requeue(held[0] if held is not None else ())
+        self._requeue(held[0] if held is not None else ())
         self._too_large_waiting.update(pending)
         for ent in tuple(self._too_large_waiting):
             if self._report_too_large(ent, now):
@@ -494,6 +500,7 @@ class Companion:
         with self._qlock:
             self._held.extend(held)
             self._held_bytes += sum(len(d) for _, d in held)
+            self._inflight_rel = self._inflight_rel_bytes = 0  # delivered, or held again
             if (len(self._queue) + len(self._held) > self._queue_limit // 4
                     or self._queued_bytes + self._held_bytes > self._queue_bytes_limit // 4):
                 return

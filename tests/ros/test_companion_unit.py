@@ -210,3 +210,77 @@ def test_qos_incompatible_reported_once_per_5_s_per_slot(sink):
     assert [e[1:4] for e in sink.of("error")][2:] == [("pub", 1, "qos_incompatible")]
     c.poll(20000)                                # nothing new: nothing more
     assert len(sink.of("error")) == 3
+
+
+class PausableBackend(FakeBackend):
+    """A backend that takes from its reader in batches of 32 and, once a callback said False in a
+    batch, stops after that batch until resume_subscription (as the dds backend's WaitSet thread
+    does). step(k) delivers the next k samples of the batch in progress: the reader thread's
+    progress, interleaved with the loop thread wherever the test calls it."""
+
+    BATCH = 32
+
+    def __init__(self):
+        super().__init__()
+        self.pending = []  # samples in the "DDS reader" not taken yet
+        self.batch_left = 0
+        self.stop = False
+        self.paused = False
+        self.resumed = 0
+
+    def step(self, topic, k=1):
+        cb = self.callbacks[topic]
+        for _ in range(k):
+            if self.batch_left == 0:
+                if self.stop:
+                    self.paused, self.stop = True, False
+                if self.paused or not self.pending:
+                    return
+                self.batch_left = min(self.BATCH, len(self.pending))
+            self.batch_left -= 1
+            if cb(self.pending.pop(0)) is False:
+                self.stop = True
+
+    def resume_subscription(self, h):
+        self.paused = False
+        self.resumed += 1
+
+
+def test_a_take_batch_during_poll_still_finds_the_held_queue_full():
+    # Issue 22: the held queue of reliable messages waiting for link room reached 64 with a bound
+    # of 8 (two take batches): the reader thread kept taking while poll() was handing over what
+    # it had taken out of the queue, and those messages, out of the queue and not yet held
+    # again, did not count, so no sample of the first batch saw the queue full. Here the reader
+    # delivers a sample inside each of the link's room() calls: that interleaving, every time.
+    b = PausableBackend()
+    b.pending = [b"\0\1\0\0m%03d" % i for i in range(200)]
+
+    class LinkSink:
+        open = False
+        got: list = []
+
+        def ros_message(self, slot, data, off, n):
+            self.got.append(bytes(data[off:off + n]))
+
+        def ros_result(self, *a):
+            pass
+
+        def room(self, n):
+            b.step("/r")  # the reader thread, racing this poll
+            return self.open
+
+    sink = LinkSink()
+    c = Companion(b, sink, diagnostics_period_ms=0, queue_limit=8)
+    c.subscribe(3, "/r", "std_msgs/msg/String", QOS_R)
+    b.step("/r", 4)
+    for _ in range(40):
+        c.poll(0)
+        assert len(c._held) <= 8 + PausableBackend.BATCH, len(c._held)
+    sink.open = True
+    for _ in range(400):
+        c.poll(0)
+        b.step("/r", 8)
+        if len(sink.got) == 200:
+            break
+    assert sink.got == [b"\0\1\0\0m%03d" % i for i in range(200)]  # every one, in order
+    assert c.stats["queue_drops"] == 0 and b.resumed >= 1
