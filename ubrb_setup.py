@@ -354,27 +354,25 @@ LINK_WINDOW_BYTES = const(64 * 1024)
 def parse_link_url(url):
     """The link grammar of every port and of the companion:
 
-      udp://HOST[:PORT]   ('udp', HOST, PORT); PORT defaults to 8269; HOST may be [v6]
+      udp://HOST[:PORT]   ('udp', HOST, PORT); PORT left out (no ':') is 8269, the link's
+                          default; HOST may be [v6]; udp://PORT and udp://:PORT are 127.0.0.1
+                          (a number alone is a port, never a host: see parse_hostport)
       serial:PATH         ('serial', PATH, 0); PATH is a device or pyserial URL on CPython and a
       uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID)
       none (or empty)     ('none', '', 0): no link, no ROS side
 
-    ValueError, with a sentence for a person, for anything else."""
+    ValueError, with a sentence for a person, for anything else (an empty port after ':' too)."""
     if url is None or url == "" or url == "none":
         return "none", "", 0
     if url.startswith("udp://"):
-        rest = url[6:].rstrip("/")
-        if rest.startswith("["):
-            host, _, port = rest[1:].partition("]")
-            port = port[1:] if port.startswith(":") else port
-        else:
-            host, sep, port = rest.rpartition(":")
-            if not sep:
-                host, port = rest, ""
+        host, port, sep = _host_port(url[6:].rstrip("/"), url)
         if not host:
             raise ValueError("udp:// needs a host, e.g. udp://192.0.2.10:%d"
                              % _LINK_DEFAULT_UDP_PORT)
         if not port:
+            if sep:
+                raise ValueError("%r has an empty port: give udp://HOST:PORT, or leave out the "
+                                 "':' for the default port %d" % (url, _LINK_DEFAULT_UDP_PORT))
             return "udp", host, _LINK_DEFAULT_UDP_PORT
         try:
             n = int(port)
@@ -390,6 +388,45 @@ def parse_link_url(url):
                 raise ValueError("%s needs a device, e.g. serial:/dev/ttyACM0 or uart:1" % prefix)
             return "serial", path, 0
     raise ValueError("unknown link %r: use udp://HOST:PORT or serial:PATH (or none)" % url)
+
+
+# An address without a host is this machine's, never the network's: 0.0.0.0 (every interface)
+# only when it is written.
+LOCALHOST = "127.0.0.1"
+
+
+def _host_port(text, what):
+    """(host, port text, whether a ':' was given) of HOST:PORT, [V6]:PORT, HOST, [V6], PORT or
+    :PORT. A number alone is a port (8268 is not the host 0.0.32.76) and a left-out host is
+    LOCALHOST."""
+    if text.startswith("["):
+        host, close, rest = text[1:].partition("]")
+        if not close or (rest and rest[0] != ":"):
+            raise ValueError("expected [IPv6]:PORT, got %r" % what)
+        return host or LOCALHOST, rest[1:], rest != ""
+    host, sep, port = text.rpartition(":")
+    if sep:
+        return host or LOCALHOST, port, True
+    if text.isdigit():
+        return LOCALHOST, text, True
+    return text, "", False
+
+
+def parse_hostport(text, allow_zero=False):
+    """HOST:PORT -> (host, port), the grammar of every address option of every program (a
+    gateway's --listen, the client's --server): PORT alone or :PORT is 127.0.0.1:PORT, this
+    machine only (0.0.0.0:PORT listens on every interface); HOST may be [v6]; port 1-65535, 0
+    too with allow_zero (any free port). ValueError with a sentence for a person otherwise."""
+    host, port, _ = _host_port(str(text).strip(), text)
+    if not port:
+        raise ValueError("expected HOST:PORT, got %r" % (text,))
+    if not port.isdigit():
+        raise ValueError("port must be a number, got %r" % (port,))
+    n = int(port)
+    low = 0 if allow_zero else 1
+    if not low <= n <= 65535:
+        raise ValueError("port must be %d-65535, got %d" % (low, n))
+    return host, n
 
 
 def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):

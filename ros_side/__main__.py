@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     host_cli.add_link_arguments(
         m,
         None,
-        f"udp://HOST:PORT to bind, or serial:PATH (any pyserial URL); default {DEFAULT_LINK}",
+        f"udp://HOST:PORT to bind ({host_cli.LINK_PORT_HELP}), or serial:PATH (any pyserial "
+        f"URL); default {DEFAULT_LINK}",
     )
     m.add_argument(
         "--max-message",
@@ -101,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         type=host_cli.listen_address,
         metavar="HOST:PORT",
-        help="direct mode: serve UBRB clients on this TCP address, no gateway host",
+        help="direct mode: serve UBRB clients on this TCP address, no gateway host (port 0: "
+        f"a free one; {host_cli.HOSTPORT_HELP}; 0.0.0.0:PORT: every interface)",
     )
     host_cli.add_limit_arguments(p.add_argument_group("direct mode limits"), "pc")
     host_cli.add_policy_arguments(p.add_argument_group("direct mode allow-lists and throttle"))

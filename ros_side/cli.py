@@ -21,7 +21,7 @@ def add_arguments(parser):
     g.add_argument("--ros-distro", type=ros_distro, default=None, metavar="DISTRO",
                    help="dds backend: message definitions of this ROS 2 distro "
                         "(default: ROS_DISTRO if set, else humble)")
-    g.add_argument("--msg-path", action="append", default=[], metavar="DIR",
+    g.add_argument("--msg-path", action="append", default=[], metavar="DIR", type=_msg_dir,
                    help="dds backend: add the message packages DIR/<pkg>/msg/*.msg (repeatable)")
     g.add_argument("--node-name", default="ros_side", help="rclpy backend: node name")
     g.add_argument("--no-diagnostics", action="store_true",
@@ -32,6 +32,21 @@ def add_arguments(parser):
                         "mode --max-payload); a registration beyond it gets ERROR "
                         "resource_exhausted (suffixes K, M, G; default half the physical memory)")
     return parser
+
+
+def _msg_dir(text):
+    """--msg-path DIR: a directory this process can list (its DIR/<pkg>/msg/*.msg are read when
+    the backend starts), checked while the command line is read."""
+    import argparse
+    import os
+    path = os.path.expanduser(str(text))
+    if not os.path.isdir(path):
+        why = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise argparse.ArgumentTypeError("%s %s (give the directory that holds <pkg>/msg/*.msg)"
+                                         % (text, why))
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise argparse.ArgumentTypeError("%s cannot be read (permission denied)" % text)
+    return path
 
 
 def _size(text):

@@ -69,11 +69,20 @@ def load_msg_dir(directory):
     """Parse every ``<pkg>/msg/*.msg`` under ``directory`` -> rosbags typesdict (and problems)."""
     types = {}
     problems = []
-    for pkg in sorted(os.listdir(directory)):
+    try:
+        pkgs = sorted(os.listdir(directory))
+    except OSError as e:  # --msg-path checks it is a readable directory; it may still go
+        return types, ["%s: %s" % (directory, e.strerror or e)]
+    for pkg in pkgs:
         mdir = os.path.join(directory, pkg, "msg")
         if not os.path.isdir(mdir):
             continue
-        for fn in sorted(os.listdir(mdir)):
+        try:
+            files = sorted(os.listdir(mdir))
+        except OSError as e:
+            problems.append("%s: %s" % (mdir, e.strerror or e))
+            continue
+        for fn in files:
             if not fn.endswith(".msg"):
                 continue
             name = "%s/msg/%s" % (pkg, fn[:-4])

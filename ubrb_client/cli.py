@@ -44,6 +44,7 @@ REFUSALS = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict", "i
             "too_many_topics", "too_many_ids", "invalid_qos", "message_too_large")
 WAIT_SAY_S = 1.0      # a wait longer than this says what it waits for
 VERDICT_S = 1.0       # how long pub waits for the ROS side's answer to its ADVERTISE
+ROS_CHECK_S = 1.0     # echo / hz ask the bridge this often whether its ROS side is there
 
 
 def _msgs() -> Any:
@@ -62,10 +63,11 @@ def _qos(args, default_reliability: str) -> QoS:
     return QoS(args.qos or default_reliability, args.durability, args.depth)
 
 
-def _client(args, name: str, on_error=None) -> Client:
+def _client(args, name: str, on_error=None, watch_ros: bool = False) -> Client:
     host, port = parse_server(args.server)
     return Client(host, port, name=args.name or name, reconnect_interval=args.reconnect_interval,
-                  max_queued_bytes=args.max_queued_bytes, distro=args.distro, on_error=on_error)
+                  max_queued_bytes=args.max_queued_bytes, distro=args.distro, on_error=on_error,
+                  hello_interval=ROS_CHECK_S if watch_ros else None)
 
 
 def _reason(c: Client) -> str:
@@ -74,8 +76,46 @@ def _reason(c: Client) -> str:
                         ("ETIMEDOUT", "timed out"), ("EHOSTUNREACH", "no route to host"),
                         ("ENETUNREACH", "network unreachable")):
         if code in r:
+            if c.port == host_cli.LINK_DEFAULT_PORT:
+                words += (f" ({c.port} is the default port of the link between a gateway and "
+                          f"its companion; the gateway serves clients on {DEFAULT_PORT})")
             return words
     return r
+
+
+def _ros_side_missing(info: dict | None) -> bool:
+    """A HELLO_ACK saying that nothing is behind the bridge: ros_distro "unknown" until its
+    companion (the ROS side) has reported, and again while it is unreachable."""
+    return (info or {}).get("ros_distro") in (None, "unknown")
+
+
+class _RosWatch:
+    """echo / hz: one line on stderr when the bridge has no ROS side (nothing can arrive), and
+    one when it has it again. The client re-sends HELLO every ROS_CHECK_S; each HELLO_ACK says."""
+
+    def __init__(self, c: Client, args, cmd: str) -> None:
+        self.c, self.args, self.cmd = c, args, cmd
+        self.up: bool | None = None   # None: no HELLO_ACK seen yet
+
+    def check(self) -> bool:
+        """Look at the last HELLO_ACK; True when the ROS side has just come back."""
+        info = self.c.server_info
+        if info is None:              # between connections: nothing new
+            return False
+        up = not _ros_side_missing(info)
+        was, self.up = self.up, up
+        if up == was:
+            return False
+        where = f"the bridge at {self.args.server}"
+        if not up:
+            print(f"{self.cmd}: {where} has no ROS side{' any more' if was else ''} (its "
+                  f"companion is not connected): waiting for it; nothing arrives on "
+                  f"{self.args.topic} until then", file=sys.stderr, flush=True)
+        elif was is False:
+            print(f"{self.cmd}: {where} has a ROS side now (ROS {info.get('ros_distro')}): "
+                  f"subscribed to {self.args.topic}", file=sys.stderr, flush=True)
+            return True
+        return False
 
 
 def _connect(c: Client, args, cmd: str, timeout: float | None, stop=None) -> bool:
@@ -166,8 +206,7 @@ def cmd_pub(args) -> int:
             print(f"pub: could not connect to {args.server} within {args.wait:g} s: {_reason(c)}",
                   file=sys.stderr)
             return 1
-        info = c.server_info or {}
-        if info.get("ros_distro") in (None, "unknown"):
+        if _ros_side_missing(c.server_info):
             print(f"pub: the bridge at {args.server} has no ROS side (its companion is not "
                   "connected): nothing was published", file=sys.stderr)
             return 1
@@ -237,7 +276,8 @@ def cmd_echo(args) -> int:
             if args.count and n[0] >= args.count:
                 stop.event.set()
 
-    c = _client(args, "ubrb_echo", on_error=lambda e: _stop_on_refusal(e, sub_id, stop))
+    c = _client(args, "ubrb_echo", on_error=lambda e: _stop_on_refusal(e, sub_id, stop),
+                watch_ros=True)
     sub = c.subscribe(args.topic, typename, on_msg, _qos(args, "best_effort"))
     sub_id[0] = sub.id
     c.start()
@@ -266,12 +306,17 @@ def _listen(c: Client, args, cmd: str, stop: _Stop, sub_id: int, count) -> int:
             return 1
     said = False
     first = time.monotonic() + WAIT_SAY_S
+    ros = _RosWatch(c, args, cmd)
+    ros.check()
     while not stop.event.is_set():
         left = None if end is None else end - time.monotonic()
         if left is not None and left <= 0:
             break
         stop.event.wait(0.1 if left is None else min(0.1, left))
-        if not said and count() == 0 and time.monotonic() >= first and not stop.event.is_set():
+        if ros.check():               # back: the first message may take its time again
+            first = time.monotonic() + WAIT_SAY_S
+        if not said and count() == 0 and ros.up and time.monotonic() >= first \
+                and not stop.event.is_set():
             said = True
             print(f"{cmd}: subscribed to {args.topic}; waiting for its first message",
                   file=sys.stderr, flush=True)
@@ -315,7 +360,8 @@ def cmd_hz(args) -> int:
                 stop.event.set()
 
     sub_id = [-1]
-    c = _client(args, "ubrb_hz", on_error=lambda e: _stop_on_refusal(e, sub_id, stop))
+    c = _client(args, "ubrb_hz", on_error=lambda e: _stop_on_refusal(e, sub_id, stop),
+                watch_ros=True)
     sub = c.subscribe(args.topic, typename, on_msg, _qos(args, "best_effort"), raw=True)
     sub_id[0] = sub.id
     c.start()
@@ -341,11 +387,14 @@ def cmd_hz(args) -> int:
         print(f"average rate: {rate:.3f}\n\tmin: {mn:.3f}s max: {mx:.3f}s std dev: {sd:.5f}s "
               f"window: {win + 1}", flush=True)
 
+    ros = _RosWatch(c, args, "hz")
+    ros.check()
     try:
         while not stop.event.is_set():
             timeout = 1.0 if t_end is None else max(0.0, min(1.0, t_end - time.monotonic()))
             if stop.event.wait(timeout):
                 break
+            ros.check()
             report()
             if t_end is not None and time.monotonic() >= t_end:
                 break
@@ -431,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = host_cli.Parser(add_help=False)
     common.add_argument("--server", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}",
                         type=host_cli.server_address, metavar="HOST:PORT",
-                        help="bridge address (default %(default)s)")
+                        help="bridge address (default %(default)s; "
+                             f"{host_cli.HOSTPORT_HELP})")
     common.add_argument("--name", default=None, help="client name sent in HELLO")
     common.add_argument("--distro", default=DEFAULT_DISTRO, type=host_cli.ros_distro,
                         help="ROS 2 distro of the message definitions (default %(default)s)")

@@ -45,8 +45,11 @@ DEFAULT_PORT = 8268
 
 
 def parse_server(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """'host:port', 'host' or ':port' -> (host, port); IPv6 as '[::1]:8268'."""
+    """'host:port', 'host', 'port' or ':port' -> (host, port); IPv6 as '[::1]:8268'. A number
+    alone is a port on this machine (127.0.0.1), never a host: '8268' is not 0.0.32.76."""
     text = text.strip()
+    if text.isdigit():
+        return DEFAULT_HOST, int(text)
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
         return host, int(rest[1:]) if rest.startswith(":") else default_port
@@ -164,14 +167,16 @@ class Client:
                  max_queued_bytes: int = P.DEFAULT_MAX_QUEUED_BYTES,
                  distro: str | None = None, typestore=None,
                  on_error: Callable | None = None, on_connect: Callable | None = None,
-                 on_disconnect: Callable | None = None, clock: Callable[[], float] = time.monotonic):
+                 on_disconnect: Callable | None = None, clock: Callable[[], float] = time.monotonic,
+                 hello_interval: float | None = None):
         self.host = host
         self.port = int(port)
         self._distro = distro
         self._store = typestore
         self.proto = P.ClientProtocol(name, reconnect_interval=reconnect_interval,
                                       attempt_timeout=attempt_timeout, ping_interval=ping_interval,
-                                      idle_timeout=idle_timeout, max_queued_bytes=max_queued_bytes)
+                                      idle_timeout=idle_timeout, max_queued_bytes=max_queued_bytes,
+                                      hello_interval=hello_interval)
         self.on_error = on_error
         self.on_connect = on_connect
         self.on_disconnect = on_disconnect
@@ -442,7 +447,10 @@ class Client:
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        err = sock.connect_ex(addr)
+        try:
+            err = sock.connect_ex(addr)
+        except OSError as exc:        # refused before any packet (an audit hook, a bad address)
+            err = exc.errno or errno.EINVAL
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             sock.close()
             self.proto.connection_failed(now, f"connect failed: {errno.errorcode.get(err, err)}")

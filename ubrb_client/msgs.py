@@ -7,7 +7,9 @@ other way with plain Python values (for YAML output).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import numpy as np
 from rosbags.typesys import Stores, get_typestore
@@ -28,6 +30,9 @@ MSG_DEFAULTS = {
 
 _INTS = {"byte", "octet", "char", "int8", "uint8", "int16", "uint16", "int32", "uint32",
          "int64", "uint64"}
+# The values each integer type holds (byte, octet and char are 8-bit unsigned in ROS 2).
+_INT_RANGES = {t: (int(np.iinfo(_DTYPES[t]).min), int(np.iinfo(_DTYPES[t]).max)) for t in _INTS}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @functools.cache
@@ -89,13 +94,23 @@ def _base_value(t: str, v, path: str):
         return bool(v)
     if t in _INTS:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            if isinstance(v, float) and v.is_integer():
-                return int(v)
-            raise TypeError(f"{path}: expected an integer, got {v!r}")
-        return int(v)
+            if not (isinstance(v, float) and v.is_integer()):
+                raise TypeError(f"{path}: expected an integer, got {v!r}")
+        n = int(v)
+        low, high = _INT_RANGES[t]
+        if not low <= n <= high:
+            raise ValueError(f"{path}: {n} is out of range for {t} ({low} to {high})")
+        return n
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{path}: expected a number, got {v!r}")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:             # an int beyond any double
+        raise ValueError(f"{path}: {v} is out of range for {t}") from None
+    if t == "float32" and math.isfinite(f) and abs(f) > _FLOAT32_MAX:
+        raise ValueError(f"{path}: {v!r} is out of range for float32 (-{_FLOAT32_MAX:.7g} to "
+                         f"{_FLOAT32_MAX:.7g}; .inf and -.inf are allowed)")
+    return f
 
 
 def _value(store: Typestore, desc, v, path: str):
@@ -152,11 +167,22 @@ def from_dict(store: Typestore, typename: str, data: dict | None = None, *, _pat
 
 
 # ------------------------------------------------------------------------ message -> dict
+@functools.cache
+def _field_names(cls) -> tuple:
+    """The fields of a rosbags message class, without its constants: those are class-level
+    (``OK: ClassVar[int] = 0`` in diagnostic_msgs/msg/DiagnosticStatus), not fields of a message,
+    though the generated dataclass lists them (its annotations are strings)."""
+    def constant(f) -> bool:
+        t = f.type if isinstance(f.type, str) else repr(f.type)
+        return t.replace("typing.", "").startswith("ClassVar")
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if not f.name.startswith("__") and not constant(f))
+
+
 def to_dict(msg):
-    """A rosbags message as plain dicts/lists/scalars (field order kept)."""
-    if hasattr(msg, "__msgtype__") and hasattr(msg, "__dataclass_fields__"):
-        return {f: to_dict(getattr(msg, f)) for f in msg.__dataclass_fields__
-                if not f.startswith("__")}
+    """A rosbags message as plain dicts/lists/scalars (field order kept; constants left out)."""
+    if hasattr(msg, "__msgtype__") and dataclasses.is_dataclass(msg):
+        return {f: to_dict(getattr(msg, f)) for f in _field_names(type(msg))}
     if isinstance(msg, np.ndarray):
         return msg.tolist()
     if isinstance(msg, (list, tuple)):

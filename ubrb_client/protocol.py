@@ -190,7 +190,7 @@ class ClientProtocol:
                  attempt_timeout: float = 3.0, ping_interval: float = 2.0,
                  idle_timeout: float = 10.0, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_payload: int = F.DEFAULT_MAX_PAYLOAD, chunk_size: int = 64 * 1024,
-                 max_errors_kept: int = 1000):
+                 max_errors_kept: int = 1000, hello_interval: float | None = None):
         self.name = name
         self.reconnect_interval = float(reconnect_interval)
         self.attempt_timeout = float(attempt_timeout)
@@ -199,6 +199,11 @@ class ClientProtocol:
         self.max_queued_bytes = int(max_queued_bytes)
         self.max_payload = int(max_payload)
         self.chunk_size = int(chunk_size)
+        # Re-send HELLO this often while connected (None: only once per connection, as the
+        # plugin does): a bridge answers every HELLO with a HELLO_ACK of its present state, whose
+        # ros_distro says whether a ROS side is behind it ("unknown": none). The CLI's echo and
+        # hz use it to say when the companion goes away and comes back.
+        self.hello_interval = None if hello_interval is None else float(hello_interval)
 
         self.state = IDLE
         self.stats = Stats()
@@ -225,6 +230,7 @@ class ClientProtocol:
         self._attempt_deadline = 0.0
         self._last_rx = 0.0
         self._next_ping = 0.0
+        self._next_hello: float | None = None
         self._session_pings = 0
         self._session_pongs = 0
         self._warned_queue_full = False
@@ -390,12 +396,12 @@ class ClientProtocol:
         self._decoder.reset()
         self._last_rx = now
         self._next_ping = now + self.ping_interval
+        self._next_hello = None if self.hello_interval is None else now + self.hello_interval
         self._session_pings = 0
         self._session_pongs = 0
         for p in self._pubs.values():
             p.sub_count = None
-        head = [(_CTRL, 0, F.encode_json_frame(F.HELLO, {"protocol": PROTOCOL_VERSION,
-                                                         "client": self.name}))]
+        head = [(_CTRL, 0, self._hello_frame())]
         head += [(_CTRL, 0, self._advertise_frame(p)) for p in self._pubs.values()]
         head += [(_CTRL, 0, self._subscribe_frame(s)) for s in self._subs.values()]
         # Queued reliable data of latched publishers is superseded by the latched re-publish.
@@ -469,6 +475,10 @@ class ClientProtocol:
                 self._next_ping += self.ping_interval
                 if self._next_ping <= now:
                     self._next_ping = now + self.ping_interval
+            if self._next_hello is not None and self.hello_interval is not None \
+                    and now >= self._next_hello:
+                self._q.append((_CTRL, 0, self._hello_frame()))
+                self._next_hello = now + self.hello_interval
 
     def next_deadline(self) -> float | None:
         """Earliest time at which tick()/connect_due() has something to do (None: nothing)."""
@@ -477,7 +487,8 @@ class ClientProtocol:
         if self.state == CONNECTING:
             return self._attempt_deadline
         if self.state == CONNECTED:
-            return min(self._next_ping, self._last_rx + self.idle_timeout)
+            t = min(self._next_ping, self._last_rx + self.idle_timeout)
+            return t if self._next_hello is None else min(t, self._next_hello)
         return None
 
     def _send_ping(self) -> int:
@@ -629,6 +640,9 @@ class ClientProtocol:
             self.output_sent(len(mv))
 
     # ----------------------------------------------------------------------------- helpers
+    def _hello_frame(self) -> bytes:
+        return F.encode_json_frame(F.HELLO, {"protocol": PROTOCOL_VERSION, "client": self.name})
+
     @staticmethod
     def _advertise_frame(p: _Pub) -> bytes:
         return F.encode_json_frame(F.ADVERTISE, {"id": p.id, "topic": p.topic, "type": p.type,

@@ -38,8 +38,9 @@ WIFI_TIMEOUT_S = 20
 # name -> (kind, default, help); kind "s" string, "i" int. Flags are --name-with-dashes; dict
 # keys (main({...}) and config.GATEWAY) are the names with underscores.
 OPTIONS = (
-    ("listen", "s", DEFAULT_LISTEN, "TCP address for UBRB clients"),
-    ("link", "s", "none", "udp://HOST:PORT (the companion), uart:ID, or none"),
+    ("listen", "s", DEFAULT_LISTEN, "TCP address for UBRB clients (a PORT alone: 127.0.0.1)"),
+    ("link", "s", "none", "udp://HOST[:PORT] (the companion; PORT 8269 if left out), uart:ID, "
+     "or none"),
     ("baud", "i", 115200, "UART baud rate; writes are paced to baud/10 bytes/s"),
     ("tx", "i", None, "UART TX pin (default: the board's pin for that UART)"),
     ("rx", "i", None, "UART RX pin"),
@@ -219,16 +220,6 @@ def default_io():
     return IO(_socket, _select, _time, _machine, _network, config)
 
 
-def parse_hostport(text, default_host="0.0.0.0"):
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = default_host, text
-    try:
-        return host or default_host, int(port)
-    except ValueError:
-        raise ValueError("expected HOST:PORT, got %r" % text)
-
-
 def uart_id(path):
     """The UART number of serial:ID / uart:ID (ubrb_setup.parse_link_url gives ID as text)."""
     try:
@@ -244,7 +235,7 @@ def prepare(opts, io, log):
     listen_addr, link_kind/link_where/link_port, sizes (the link session's, or None), policy,
     key. Returns (profile, link sizes or None, budget bytes)."""
     profile = profile_from(opts)
-    opts["listen_addr"] = parse_hostport(opts["listen"])
+    opts["listen_addr"] = setup.parse_hostport(opts["listen"], True)  # PORT alone: 127.0.0.1
     kind, where, port = setup.parse_link_url(opts["link"])
     if kind == "serial":
         port = uart_id(where)

@@ -153,6 +153,40 @@ def test_pub_to_a_gateway_without_ros_side_exits_1(gateway_without_ros: int) -> 
     assert "publishing #1" not in r.stdout
 
 
+def test_echo_says_when_the_ros_side_is_missing_and_when_it_is_back() -> None:
+    # The gateway's companion is not running: echo says so at once (not a silent wait), then
+    # when the companion starts and when it stops again; data flows while it is there.
+    lport = free_port(socket.SOCK_DGRAM)
+    link = ["--link", "udp://127.0.0.1:%d" % lport]
+    g = Proc(GATEWAY + ["--listen", "127.0.0.1:0", "--profile", "mcu",
+                        "--max-clients-per-address", "2"] + link)
+    port = int(g.wait_line(r"listening on 127\.0\.0\.1:(\d+)", 20).group(1))
+    server = "127.0.0.1:%d" % port
+    where = r"^echo: the bridge at 127\.0\.0\.1:%d has " % port
+    echo = Proc(CLIENT + ["echo", "/ubrb_ros_back", STRING, "--server", server])
+    comp = None
+    try:
+        echo.wait_line(where + r"no ROS side \(its companion is not connected\): waiting for "
+                       r"it; nothing arrives on /ubrb_ros_back until then$", 20)
+        assert "waiting for its first message" not in echo.text()
+        comp = Proc(COMPANION + link + ["--backend", "dds", "--domain", str(DOMAIN),
+                                        "--no-diagnostics"])
+        echo.wait_line(where + r"a ROS side now \(ROS \w+\): subscribed to /ubrb_ros_back$",
+                       30)
+        r = run(CLIENT + ["pub", "/ubrb_ros_back", STRING, "{data: back}", "--server", server])
+        assert r.returncode == 0, r.stderr
+        echo.wait_line(r"^data: back$", 20)
+        comp.stop()
+        comp = None
+        echo.wait_line(where + r"no ROS side any more \(its companion is not connected\)", 20)
+    finally:
+        echo.stop()
+        if comp is not None:
+            comp.stop()
+        g.stop()
+    assert "Traceback" not in echo.text(), echo.text()
+
+
 @pytest.fixture
 def direct_bridge() -> Iterator[int]:
     """The companion in direct mode (gateway core in-process, dds backend): a real ROS side."""

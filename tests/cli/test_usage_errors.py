@@ -27,6 +27,16 @@ CASES = [
      ["--link: cannot resolve host 'no..such'"]),
     (GATEWAY + ["--link", "tcp://127.0.0.1:8269"], {},
      ["unknown link 'tcp://127.0.0.1:8269': use udp://HOST:PORT or serial:PATH"]),
+    # an empty port is a mistake (a port left out, with its ':', is 8269: --help says so)
+    (GATEWAY + ["--link", "udp://127.0.0.1:"], {},
+     ["--link: 'udp://127.0.0.1:' has an empty port", "leave out the ':' for the default port "
+      "8269"]),
+    (COMPANION + ["--link", "udp://[::1]:"], {}, ["--link: 'udp://[::1]:' has an empty port"]),
+    (GATEWAY + ["--link", "udp://99999"], {},
+     ["--link: port 99999 in 'udp://99999' is out of range"]),
+    (GATEWAY + ["--listen", "99999"], {}, ["--listen: port must be 0-65535, got 99999"]),
+    (PUB + ["--server", ":"], {}, ["--server: expected HOST:PORT, got ':'"]),
+    (PUB + ["--server", "127.0.0.1:"], {}, ["--server: expected HOST:PORT, got '127.0.0.1:'"]),
     (GATEWAY + ["--baud", "0"], {}, ["--baud: must be at least 1"]),
     (GATEWAY + ["--max-clients", "many"], {}, ["--max-clients: invalid int value: 'many'"]),
     (COMPANION + ["--link", "udp://127.0.0.1:99999"], {},
@@ -70,6 +80,25 @@ CASES = [
     (PUB[:-1] + ["foo/Bar"], {}, ["pub: unknown message type foo/msg/Bar:", "--msg-path"]),
     (PUB + ["{nope: 1}"], {}, ["pub: ", "unknown field"]),
     (PUB + ["{a: [}"], {}, ["pub: DATA is not YAML/JSON"]),
+    # numbers a field's type cannot hold: the field, its type and its range
+    (CLIENT + ["pub", "/n", "std_msgs/msg/Int32", "{data: 99999999999}"], {},
+     ["pub: data: 99999999999 is out of range for int32 (-2147483648 to 2147483647)"]),
+    (CLIENT + ["pub", "/n", "std_msgs/msg/UInt8", "{data: -1}"], {},
+     ["pub: data: -1 is out of range for uint8 (0 to 255)"]),
+    (CLIENT + ["pub", "/n", "sensor_msgs/msg/Image", "{height: 1, width: 3, data: [1, 2, 300]}"],
+     {}, ["pub: data[2]: 300 is out of range for uint8 (0 to 255)"]),
+    (CLIENT + ["pub", "/n", "geometry_msgs/msg/PointStamped",
+               "{header: {stamp: {sec: 4294967296}}}"], {},
+     ["pub: header.stamp.sec: 4294967296 is out of range for int32"]),
+    (CLIENT + ["pub", "/n", "std_msgs/msg/Float32", "{data: 1.0e+39}"], {},
+     ["pub: data: 1e+39 is out of range for float32"]),
+    # --msg-path names a directory of message packages, checked before any backend starts
+    (COMPANION + ["--msg-path", "/nonexistent"], {},
+     ["python -m ros_side: argument --msg-path: /nonexistent does not exist"]),
+    (COMPANION + ["--msg-path", "README.md"], {},
+     ["argument --msg-path: README.md is not a directory"]),
+    (COMPANION + ["--ros-args", "-p", "msg_path:=/nonexistent"], {},
+     ["argument --msg-path: /nonexistent does not exist"]),
 ]
 
 

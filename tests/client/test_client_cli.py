@@ -65,6 +65,25 @@ def test_pub_once_nested_and_defaults(bridge):
     assert len(d["pose"]["covariance"]) == 36
 
 
+def test_echo_prints_fields_not_the_message_constants(bridge):
+    # diagnostic_msgs/msg/DiagnosticStatus defines OK WARN ERROR STALE: constants, not fields
+    echo = cli(bridge, "echo", "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray", "--count",
+               "1")
+    assert bridge.wait(subscribed(bridge, "/diagnostics"), 10)
+    pub = cli(bridge, "pub", "/diagnostics", "diagnostic_msgs/msg/DiagnosticArray",
+              "{status: [{level: 2, name: link, message: down}]}")
+    out, err = pub.communicate(timeout=10)
+    assert pub.returncode == 0, err
+    assert "'status': [{'level': 2, 'name': 'link', 'message': 'down', 'hardware_id': '', " \
+           "'values': []}]}" in out and "STALE" not in out, out
+    out, err = echo.communicate(timeout=10)
+    assert echo.returncode == 0, err
+    d = yaml.safe_load(out.split("---")[0])
+    assert d["status"] == [{"level": 2, "name": "link", "message": "down", "hardware_id": "",
+                            "values": []}], out
+    assert "OK" not in out and "STALE" not in out, out
+
+
 def test_pub_rejects_bad_fields(bridge):
     pub = cli(bridge, "pub", "/x", "std_msgs/msg/String", "{nope: 1}")
     assert pub.wait(10) == 2

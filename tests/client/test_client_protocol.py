@@ -132,6 +132,39 @@ def test_ping_every_2s():
     assert p.next_deadline() == pytest.approx(110.0)
 
 
+def test_hello_again_every_interval_when_asked():
+    # echo / hz ask the bridge again and again whether a ROS side is behind it: every HELLO gets
+    # a HELLO_ACK of the bridge's present state (docs/PROTOCOL.md, Sessions)
+    p = ClientProtocol(hello_interval=1.0)
+    assert [n for n, _ in connect(p, 100.0)] == ["HELLO"]
+    sent = []
+    t = 100.0
+    while t < 103.5:
+        t = round(t + 0.1, 3)
+        p.tick(t)
+        if t == 101.2:
+            evs = p.data_received(F.encode_json_frame(F.HELLO_ACK, {
+                "protocol": 1, "server": "fake/0", "ros_distro": "unknown"}), t)
+            assert isinstance(evs[0], P.HelloAck) and p.server_info["ros_distro"] == "unknown"
+        if t == 102.3:
+            p.data_received(W.hello_ack(), t)
+            assert p.server_info["ros_distro"] == "humble"  # the newest answer is the state
+        sent += [(t, op) for op in W.ops(p.drain()) if op == "HELLO"]
+    assert sent == [(101.0, "HELLO"), (102.0, "HELLO"), (103.0, "HELLO")]
+    assert p.next_deadline() == pytest.approx(104.0)
+    p.connection_lost(103.5)
+    assert p.next_deadline() == pytest.approx(105.5)   # the reconnect, not a HELLO
+    assert W.ops(p.drain()) == []
+
+
+def test_hello_once_per_connection_by_default():
+    p = ClientProtocol()
+    assert [n for n, _ in connect(p, 0.0)] == ["HELLO"]
+    for t in (1.0, 2.5, 5.0, 9.0):
+        p.tick(t)
+        assert "HELLO" not in W.ops(p.drain())
+
+
 def test_pong_answers_bridge_ping():
     p = ClientProtocol()
     connect(p)

@@ -180,7 +180,13 @@ def test_link_urls():
     assert ubrb_setup.parse_link_url("serial:2") == ("serial", "2", 0)
     assert G.uart_id("2") == 2
     assert ubrb_setup.parse_link_url("none")[0] == "none"
-    for bad in ("udp://", "tcp://a:1", "udp://h:p", "serial:"):
+    # a number alone is a port on this machine, never a host (udp://8269 is not 0.0.32.77); a
+    # port left out is 8269, an empty one after ':' a mistake
+    assert ubrb_setup.parse_link_url("udp://8269") == ("udp", "127.0.0.1", 8269)
+    assert ubrb_setup.parse_link_url("udp://:9000/") == ("udp", "127.0.0.1", 9000)
+    assert ubrb_setup.parse_link_url("udp://[::1]") == ("udp", "::1", 8269)
+    for bad in ("udp://", "tcp://a:1", "udp://h:p", "serial:", "udp://127.0.0.1:", "udp://[::1]:",
+                "udp://99999", "udp://[::1]x"):
         try:
             ubrb_setup.parse_link_url(bad)
         except ValueError:
@@ -195,6 +201,31 @@ def test_link_urls():
         raise AssertionError("uart:x accepted")
     e = LK.new_epoch(F.FakeTime(5))
     assert 0 < e < (1 << 30)
+
+
+def test_listen_addresses():
+    # The grammar of every HOST:PORT option of both ports (ubrb_setup.parse_hostport): a PORT
+    # alone, or :PORT, is 127.0.0.1 (0.0.0.0 only when written: every interface).
+    hp = ubrb_setup.parse_hostport
+    assert hp("0.0.0.0:9000") == ("0.0.0.0", 9000)
+    assert hp("8268") == ("127.0.0.1", 8268)
+    assert hp(":8268") == ("127.0.0.1", 8268)
+    assert hp("[::1]:8268") == ("::1", 8268)
+    assert hp("0", True) == ("127.0.0.1", 0)
+    for bad, says in (("nonsense", "expected HOST:PORT"), ("host:", "expected HOST:PORT"),
+                      ("host:x", "port must be a number"), ("0", "port must be 1-65535"),
+                      ("70000", "port must be 1-65535, got 70000"), ("[::1]8", "[IPv6]:PORT")):
+        try:
+            hp(bad)
+        except ValueError as e:
+            assert says in str(e), (bad, str(e))
+        else:
+            raise AssertionError(bad)
+    # the board's start-up reads --listen with it
+    o = G.parse_args(["--listen", "9000"])
+    io = ML.IO(None, None, None, None, None, None)
+    G.prepare(o, io, ML.Log("error"))
+    assert o["listen_addr"] == ("127.0.0.1", 9000)
 
 
 # ---------------------------------------------------------------------------------------------

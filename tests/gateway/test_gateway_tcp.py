@@ -384,6 +384,8 @@ def run_deployed(*flags: str, heap: str = HEAP):
     (("--bogus", "1"), 2, "unknown flag --bogus"),
     (("--bogus",), 2, "unknown flag --bogus"),
     (("--link", "tcp://127.0.0.1:1"), 2, "udp://HOST:PORT or serial:PATH"),
+    (("--link", "udp://127.0.0.1:"), 2, "'udp://127.0.0.1:' has an empty port"),
+    (("--listen", "nonsense"), 2, "expected HOST:PORT, got 'nonsense'"),
     (("--profile", "mcu", "--queue-bytes", "100"), 2, "queue_bytes"),
     (("--listen", "127.0.0.1:1", "--profile", "pi"), 1, "not enough heap for profile pi"),
     (("--heap", "64k"), 1, "not enough heap to load the gateway's code"),

@@ -11,6 +11,9 @@
   processes (DDS confined to loopback), ``wait_for`` polling.
 - ``dds``: DDS confined to loopback for this process.
 - ``ros_idl``: hand-written IDL types of a few ROS messages, for an independent DDS participant.
+- ``netguard``: proof that a program's addresses stay on this machine: a child process's every
+  connect/sendto/bind recorded and, off loopback, refused (``loopback_guard/sitecustomize.py``,
+  always available), or the program run in a network namespace with only ``lo`` (``unshare -rn``).
 
 ``qos``, ``ubrb_frames`` and ``clock`` are also imported by tests/core under real MicroPython
 (tests/mp/run.mjs copies this directory): keep them free of typing, pytest and CPython-only

@@ -22,15 +22,19 @@ log = logging.getLogger("ubrb.gateway")
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
-def parse_hostport(text: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = default_host, text
-    host = host.strip("[]") or default_host
+def parse_hostport(text: str, allow_zero: bool = True) -> tuple[str, int]:
+    """HOST:PORT -> (host, port) by the one grammar of every address option
+    (ubrb_setup.parse_hostport): a PORT alone, or :PORT, is 127.0.0.1:PORT."""
     try:
-        return host, int(port)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}") from None
+        host, port = ubrb_setup.parse_hostport(text, allow_zero)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return host, port
+
+
+def format_hostport(host: str, port: int) -> str:
+    """(host, port) as the text a person reads and the parsers read back: [v6]:PORT for IPv6."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def add_link_arguments(group: argparse._ActionsContainer, default: Optional[str],
@@ -260,30 +264,31 @@ def resolve_host(host: str) -> None:
         ) from None
 
 
-def check_hostport(text: str, default_host: str = "0.0.0.0",
-                   allow_zero: bool = False) -> tuple[str, int]:
-    """HOST:PORT (or PORT) -> (host, port): port in range, host resolvable."""
-    host, sep, port = str(text).rpartition(":")
-    if not sep:
-        host, port = default_host, text
-    host = host.strip("[]") or default_host
-    if not port or not (sep or port.isdigit()):
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    number = port_number(port, allow_zero)
+def check_hostport(text: str, allow_zero: bool = False) -> tuple[str, int]:
+    """HOST:PORT (or PORT: 127.0.0.1) -> (host, port): port in range, host resolvable."""
+    host, port = parse_hostport(text, allow_zero)
     resolve_host(host)
-    return host, number
+    return host, port
+
+
+# Said in --help of every address option (the grammar is ubrb_setup.parse_hostport's) and of
+# every --link (ubrb_setup.parse_link_url's).
+HOSTPORT_HELP = "a PORT alone (or :PORT) is 127.0.0.1:PORT, this machine only"
+LINK_DEFAULT_PORT = ubrb_setup.parse_link_url("udp://" + ubrb_setup.LOCALHOST)[2]  # 8269
+LINK_PORT_HELP = (f"udp://HOST alone is port {LINK_DEFAULT_PORT}, udp://PORT is "
+                  "udp://127.0.0.1:PORT")
 
 
 def listen_address(text: str) -> str:
-    """--listen HOST:PORT (0 = any free port), checked; kept as text for parse_hostport."""
-    check_hostport(text, allow_zero=True)
-    return text
+    """--listen HOST:PORT (0 = any free port; PORT alone = 127.0.0.1:PORT), checked; kept as
+    the HOST:PORT text it means, for parse_hostport and the log."""
+    return format_hostport(*check_hostport(text, allow_zero=True))
 
 
 def server_address(text: str) -> str:
-    """A server to connect to, HOST:PORT (1-65535, resolvable); kept as text."""
-    check_hostport(text, default_host="127.0.0.1")
-    return text
+    """A server to connect to, HOST:PORT (1-65535, resolvable; PORT alone = 127.0.0.1:PORT);
+    kept as the HOST:PORT text it means, which the messages show."""
+    return format_hostport(*check_hostport(text))
 
 
 def link_url(text: str) -> str:

@@ -41,14 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_LISTEN,
         type=cli.listen_address,
         metavar="HOST:PORT",
-        help=f"TCP address for UBRB clients; port 0 picks a free one (default {DEFAULT_LISTEN})",
+        help=f"TCP address for UBRB clients; port 0 picks a free one; {cli.HOSTPORT_HELP} "
+        f"(0.0.0.0:PORT: every interface; default {DEFAULT_LISTEN})",
     )
     cli.add_link_arguments(
         ap,
         DEFAULT_LINK,
-        "the link to the companion: udp://HOST:PORT (the companion's address) or "
-        "serial:PATH (PATH may be any pyserial URL, e.g. socket://host:port); "
-        f"'none' runs without a ROS side (default {DEFAULT_LINK})",
+        "the link to the companion: udp://HOST:PORT (the companion's address; "
+        f"{cli.LINK_PORT_HELP}) or serial:PATH (PATH may be any pyserial URL, e.g. "
+        f"socket://host:port); 'none' runs without a ROS side (default {DEFAULT_LINK})",
     )
     cli.add_limit_arguments(ap, "pi")
     cli.add_policy_arguments(ap.add_argument_group("who and what (allow-lists, throttle)"))
