@@ -142,6 +142,21 @@ class _Stop:
 
 
 # ------------------------------------------------------------------------------------- pub
+def _no_ros_side(info: dict) -> str:
+    """Why the bridge of this HELLO_ACK has no ROS side behind it, or "" when it has one.
+
+    ``ros_ready`` says so (false: its companion is not connected); ``ros_distro`` is only what
+    the ROS side reported about itself, so "unknown" there means no ROS side only for a gateway
+    that does not send ``ros_ready``."""
+    ready = info.get("ros_ready")
+    if ready is not None:
+        return "" if ready else "has no ROS side (its companion is not connected)"
+    if info.get("ros_distro") in (None, "unknown"):
+        return ("reports no ROS side (ros_distro \"unknown\"; its companion is not connected, or "
+                "it does not say its distro)")
+    return ""
+
+
 def cmd_pub(args) -> int:
     M = _msgs()
     yaml = _yaml()
@@ -166,10 +181,10 @@ def cmd_pub(args) -> int:
             print(f"pub: could not connect to {args.server} within {args.wait:g} s: {_reason(c)}",
                   file=sys.stderr)
             return 1
-        info = c.server_info or {}
-        if info.get("ros_distro") in (None, "unknown"):
-            print(f"pub: the bridge at {args.server} has no ROS side (its companion is not "
-                  "connected): nothing was published", file=sys.stderr)
+        absent = _no_ros_side(c.server_info or {})
+        if absent:
+            print(f"pub: the bridge at {args.server} {absent}: nothing was published",
+                  file=sys.stderr)
             return 1
         once = not args.rate
         count = args.count if args.count else (1 if once else 0)
