@@ -9,6 +9,7 @@ import os
 import socket
 import stat
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -109,3 +110,14 @@ def test_the_companion_warns_about_a_readable_key_under_its_own_name(tmp_path: A
     assert len(line) == 1 and " WARNING ros_side: link key %s " % path in line[0], p.text()
     assert "ubrb.gateway" not in p.text(), p.text()
 
+
+def test_the_key_file_tests_leave_nothing_in_the_temp_dir(tmp_path: Any) -> None:
+    # they wrote a fixed, world-readable /tmp/ubrb_test_link.key and left it (issue 22)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/core/test_mp_port.py", "-k", "key or launcher"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout + r.stderr
+    assert sorted(os.listdir(tmp)) == [], r.stdout
