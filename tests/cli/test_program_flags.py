@@ -115,9 +115,13 @@ def test_the_demo_removes_its_temp_dir_after_a_clean_run(tmp_path: Path) -> None
 
 
 def test_latency_is_one_command_that_stops_what_it_started(tmp_path: Path) -> None:
-    r = run(LATENCY + ["--count", "100", "--rate", "200", "--domain", str(DOMAIN)],
-            TMPDIR=str(tmp_path), timeout=180)
+    # through `make latency` (-o: never rebuild .venv from here; VBIN: this interpreter), the DDS
+    # domain from ROS_DOMAIN_ID alone, as `make demo` takes it (it was ignored: issue 22)
+    r = run(["make", "-s", "-o", ".venv/.stamp", "latency", "VBIN=" + os.path.dirname(PY),
+             "LATENCY_ARGS=--count 100 --rate 200"],
+            TMPDIR=str(tmp_path), timeout=180, ROS_DOMAIN_ID=str(DOMAIN))
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "companion (dds, domain %d)" % DOMAIN in r.stderr, r.stderr
     assert "received 100" in r.stdout and "round trip ms:" in r.stdout, r.stdout
     assert not list(tmp_path.glob("ubrb-latency-*"))
     # nothing it started is left running
