@@ -51,3 +51,98 @@ def test_ros_run_style_arguments_reach_the_parser():
         ros_params_as_flags(["--ros-args", "-p", "listen:=127.0.0.1:0", "-p", "max_clients:=4"])
     )
     assert args.listen == "127.0.0.1:0" and args.max_clients == 4
+
+
+# -- the launch file, without ROS's launch (not on PyPI, not in .venv-ros) --------------------
+class _Sub:
+    """Stand-ins for launch's substitutions, conditions and actions: what the launch file builds,
+    evaluated as launch does (LaunchConfiguration: the argument's value; a list of
+    substitutions: their texts joined into one argument; PythonExpression: eval of the text;
+    IfCondition/UnlessCondition: "true"/"1" case-insensitively)."""
+
+    def __init__(self, kind, *args, **kw):
+        self.kind, self.args, self.kw = kind, args, kw
+
+
+def _fake_launch(monkeypatch):
+    import types
+
+    def maker(kind):
+        return lambda *a, **kw: _Sub(kind, *a, **kw)
+
+    mods = {"launch": {"LaunchDescription": maker("description")},
+            "launch.actions": {"DeclareLaunchArgument": maker("declare")},
+            "launch.conditions": {"IfCondition": maker("if"), "UnlessCondition": maker("unless")},
+            "launch.substitutions": {"LaunchConfiguration": maker("config"),
+                                     "PythonExpression": maker("python")},
+            "launch_ros": {}, "launch_ros.actions": {"Node": maker("node")}}
+    for name, attrs in mods.items():
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+
+
+def _text(sub, values):
+    if isinstance(sub, str):
+        return sub
+    if isinstance(sub, list):
+        return "".join(_text(s, values) for s in sub)
+    if sub.kind == "config":
+        return values[sub.args[0]]
+    if sub.kind == "python":
+        return str(eval(_text(sub.args[0], values)))
+    raise AssertionError(sub.kind)
+
+
+def _launch(monkeypatch, **given):
+    """The command lines `ros2 launch ros_side ros_side.launch.py NAME:=VALUE ...` starts: the
+    executable's arguments of every node whose condition holds."""
+    import runpy
+
+    _fake_launch(monkeypatch)
+    path = os.path.join(ROOT, "ros_side", "launch", "ros_side.launch.py")
+    desc = runpy.run_path(path)["generate_launch_description"]()
+    entities = desc.args[0]
+    values = {e.args[0]: e.kw["default_value"] for e in entities if e.kind == "declare"}
+    assert set(given) <= set(values), "no such launch argument: %s" % (set(given) - set(values))
+    values.update(given)
+    runs = []
+    for e in entities:
+        if e.kind != "node":
+            continue
+        cond = e.kw["condition"]
+        holds = _text(cond.args[0], values).lower() in ("true", "1")
+        if holds == (cond.kind == "if"):
+            assert (e.kw["package"], e.kw["executable"]) == ("ros_side", "ros_side")
+            runs.append([_text(a, values) for a in e.kw["arguments"]])
+    return runs
+
+
+def test_launch_file_passes_the_link_key(monkeypatch, tmp_path):
+    from ros_side.__main__ import build_parser
+    from ubrb_host import cli as host_cli
+
+    key = tmp_path / "link.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    os.chmod(key, 0o600)
+    (argv,) = _launch(monkeypatch, link="udp://0.0.0.0:8269", link_key=str(key))
+    args = build_parser().parse_args(argv)
+    assert args.link == "udp://0.0.0.0:8269" and args.link_key == str(key)
+    assert args.backend == "rclpy"
+    assert host_cli.link_key(args) == bytes.fromhex(key.read_text().strip())
+    # no key: a loopback link starts unkeyed; another address is refused (one line, exit 2)
+    (argv,) = _launch(monkeypatch)
+    args = build_parser().parse_args(argv)
+    assert args.link == "udp://127.0.0.1:8269" and not args.link_key
+    assert host_cli.link_key(args) is None
+    (argv,) = _launch(monkeypatch, link="udp://0.0.0.0:8269")
+    try:
+        host_cli.link_key(build_parser().parse_args(argv))
+    except host_cli.Fatal as e:
+        assert e.code == 2 and "--link-key" in str(e)
+    else:
+        raise AssertionError("an unkeyed link off loopback was accepted")
+    # direct mode: --listen, no link
+    (argv,) = _launch(monkeypatch, listen="127.0.0.1:8268", backend="dds")
+    args = build_parser().parse_args(argv)
+    assert args.listen == "127.0.0.1:8268" and args.link is None and args.backend == "dds"
