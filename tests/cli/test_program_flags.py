@@ -201,6 +201,18 @@ def test_pip_install_gives_a_gateway_that_runs(tmp_path: Path) -> None:
     where = subprocess.run([py, "-c", "import ubrb_min, ubrb_host; print(ubrb_min.__file__)"],
                            capture_output=True, text=True, cwd="/", timeout=60).stdout
     assert "site-packages" in where, where
+    # the distribution is named after the project, and `pip uninstall ubrb-gateway` removes it all
+    assert [os.path.basename(w) for w in wheel] == ["ubrb_gateway-0.1.0-py3-none-any.whl"]
+    r = subprocess.run([py, "-m", "pip", "uninstall", "-y", "ubrb-gateway"], capture_output=True,
+                       text=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0 and "Successfully uninstalled ubrb-gateway-0.1.0" in r.stdout, \
+        r.stdout + r.stderr
+    gone = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in ('ubrb_min', "
+                           "'ubrb_setup', 'ubrb_host', 'ros_side', 'ubrb_client') "
+                           "if u.find_spec(m)])"], capture_output=True, text=True, cwd="/",
+                          timeout=60)
+    assert gone.stdout.strip() == "[]", gone.stdout + gone.stderr
+    assert not (venv / "bin" / "ubrb-gateway").exists()
 
 
 def test_gateway_unopenable_link_and_companion_unopenable_link_share_exit_1() -> None:

@@ -26,12 +26,57 @@ def test_setup_installs_the_marker_launch_file_and_console_script():
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[:2] == ["ros_side", "0.1.0"]
+    # the distribution is the project's; the ROS package (package.xml) stays ros_side
+    assert out.stdout.split()[:2] == ["ubrb-gateway", "0.1.0"]
     assert os.path.isfile(os.path.join(ROOT, "ros_side", "resource", "ros_side"))
     assert os.path.isfile(os.path.join(ROOT, "ros_side", "launch", "ros_side.launch.py"))
     setup_cfg = open(os.path.join(ROOT, "setup.cfg")).read()
     assert "script_dir=$base/lib/ros_side" in setup_cfg
     assert "ros_side = ros_side.__main__:main" in open(os.path.join(ROOT, "setup.py")).read()
+
+
+def test_colcon_style_install_runs_as_ros2_run_finds_it(tmp_path):
+    # What `colcon build` does for an ament_python package (colcon-core's python build: setup.py
+    # egg_info/build/install with --install-scripts from setup.cfg), then what `ros2 run ros_side
+    # ros_side` does: the package's prefix from the ament index (AMENT_PREFIX_PATH), its
+    # executable in <prefix>/lib/ros_side/. The distribution is named ubrb-gateway, the ROS
+    # package ros_side: both must hold. Run with the Kilted venv's python (ament_index_python).
+    from tests.support.ros_procs import ROS_PYTHON, require_ros
+
+    require_ros()
+    build, prefix = tmp_path / "build", tmp_path / "install"
+    build.mkdir()
+    def tree():  # what git sees in the source tree, ignored files included (not bytecode)
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                             capture_output=True, text=True).stdout
+        return [x for x in out.splitlines() if "__pycache__" not in x]
+
+    before = tree()
+    r = subprocess.run(
+        [ROS_PYTHON, "setup.py", "egg_info", "--egg-base", str(build),
+         "build", "--build-base", str(build / "build"),
+         "install", "--prefix", str(prefix), "--record", str(build / "install.log"),
+         "--install-scripts", str(prefix / "lib" / "ros_side"),
+         "--single-version-externally-managed", "install_data"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert tree() == before, "the install wrote into the source tree"
+    site = next(prefix.glob("lib/python3*/site-packages"))
+    assert next(site.glob("ubrb_gateway-0.1.0-*.egg-info"))
+    assert (prefix / "share" / "ament_index" / "resource_index" / "packages" / "ros_side").is_file()
+    assert (prefix / "share" / "ros_side" / "package.xml").is_file()
+    assert (prefix / "share" / "ros_side" / "launch" / "ros_side.launch.py").is_file()
+    env = dict(os.environ, AMENT_PREFIX_PATH=str(prefix), PYTHONPATH=str(site))
+    find = ("import os; from ament_index_python.packages import get_package_prefix; "
+            "print(os.path.join(get_package_prefix('ros_side'), 'lib', 'ros_side', 'ros_side'))")
+    r = subprocess.run([ROS_PYTHON, "-c", find], cwd="/", env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    exe = r.stdout.strip()
+    assert exe == str(prefix / "lib" / "ros_side" / "ros_side")
+    r = subprocess.run([exe, "--version"], cwd="/", env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ros_side 0.1.0"), (r.stdout, r.stderr)
 
 
 def test_ros_parameters_mirror_the_command_line_flags():
