@@ -203,6 +203,14 @@ def test_pip_install_gives_a_gateway_that_runs(tmp_path: Path) -> None:
     assert "site-packages" in where, where
     # the distribution is named after the project, and `pip uninstall ubrb-gateway` removes it all
     assert [os.path.basename(w) for w in wheel] == ["ubrb_gateway-0.1.0-py3-none-any.whl"]
+    import zipfile
+
+    with zipfile.ZipFile(wheel[0]) as z:  # the license it declares, and its text
+        meta = z.read("ubrb_gateway-0.1.0.dist-info/METADATA").decode()
+        assert "License: Apache-2.0" in meta, meta
+        text = z.read("ubrb_gateway-0.1.0.dist-info/LICENSE").decode()
+    assert text == open(os.path.join(ROOT, "LICENSE")).read()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
     r = subprocess.run([py, "-m", "pip", "uninstall", "-y", "ubrb-gateway"], capture_output=True,
                        text=True, timeout=120, cwd=str(tmp_path))
     assert r.returncode == 0 and "Successfully uninstalled ubrb-gateway-0.1.0" in r.stdout, \

@@ -14,6 +14,9 @@ def test_package_xml_is_format_3_ament_python_with_runtime_deps():
     root = ET.parse(os.path.join(ROOT, "package.xml")).getroot()
     assert root.get("format") == "3"
     assert root.findtext("name") == "ros_side"
+    lic = root.find("license")
+    assert lic.text == "Apache-2.0" and lic.get("file") == "LICENSE"
+    assert "Apache License" in open(os.path.join(ROOT, "LICENSE")).read()
     assert root.find("export/build_type").text == "ament_python"
     deps = {e.text for e in root.findall("exec_depend")}
     assert "rclpy" in deps and "diagnostic_msgs" in deps
