@@ -10,10 +10,14 @@ from glob import glob
 
 from setuptools import setup
 
+# The ROS package (package.xml's <name>: colcon, `ros2 run ros_side ros_side`, the ament index
+# marker and share/ros_side/) is ros_side; the Python distribution that pip installs and
+# uninstalls is the project's: `pip uninstall ubrb-gateway`. colcon takes a ROS package's name
+# from package.xml, so the two may differ.
 package_name = "ros_side"
 
 setup(
-    name=package_name,
+    name="ubrb-gateway",
     version="0.1.0",
     # The core (direct mode runs it in-process), the companion, the shared CPython runtime
     # (ubrb_host, kept in ports/cpython/ in the source tree: no top-level `ports` is installed)
@@ -39,7 +43,8 @@ setup(
     zip_safe=True,
     maintainer="UBRB maintainers",
     maintainer_email="maintainer@example.com",
-    description="UBRB companion (ROS 2 side)",
+    description="UBRB v1 gateway between Unreal Engine (uBotROS) clients and ROS 2: the gateway "
+                "core and CPython runtime, the ROS 2 companion (ros_side) and a UBRB client",
     license="Apache-2.0",
     tests_require=["pytest"],
     # ubrb-gateway: the gateway (what `python ubrb_min.py` and `python -m ubrb_min` start)

@@ -1379,10 +1379,13 @@ class Gateway:
         first = c.state == _S_OPEN
         c.state = S_READY
         c.host = None  # past HELLO: no longer counted against its address
+        # ros_ready: whether the ROS side is there now (what a client's "no ROS side" rests on);
+        # ros_distro is what it reported, "unknown" if it did not say
         self._send_json(
             c,
             OP_HELLO_ACK,
-            {"protocol": PROTOCOL, "server": self.server, "ros_distro": self.ros_distro},
+            {"protocol": PROTOCOL, "server": self.server, "ros_distro": self.ros_distro,
+             "ros_ready": self.ros_ready},
         )
         if first:
             self._log("info", "client %d says HELLO: %r" % (c.index, c.name))

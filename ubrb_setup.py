@@ -311,19 +311,34 @@ def apply_policy(gw, policy, new_buffer=bytearray):
 # ---------------------------------------------------------------------------------------------
 # The link: its key file, its URL grammar, the sizes of its session (one for every port)
 # ---------------------------------------------------------------------------------------------
-def parse_link_key(text):
-    """The link key in a key file's text: hex digits, whitespace anywhere ignored, at least 32
-    (16 bytes). ValueError with a sentence for a person otherwise."""
+def parse_link_key(data):
+    """The link key in a key file's bytes (or text): hex digits, whitespace anywhere ignored, at
+    least 32 (16 bytes). ValueError with a sentence for a person saying what the file holds
+    instead: nothing, binary data (raw key bytes), other text (a passphrase), too few or an odd
+    number of digits."""
     from binascii import unhexlify
 
-    h = "".join(text.split())
-    if len(h) < 32 or len(h) % 2:
-        raise ValueError("a link key is an even number of hex digits, at least 32 (16 bytes); "
-                         "found %d digits (make link-key writes one)" % len(h))
-    try:
-        return unhexlify(h)
-    except ValueError:
-        raise ValueError("a link key is hex digits only (0-9, a-f)")
+    if isinstance(data, str):
+        data = data.encode()
+    h = b"".join(data.split())
+    fix = "make link-key writes one"
+    if not h:
+        raise ValueError("the file is empty; a link key is at least 32 hex digits (%s)" % fix)
+    for b in h:
+        if b < 32 or b > 126:
+            raise ValueError("the file holds binary data, not hex text (raw key bytes? write "
+                             "them as hex, e.g. with xxd -p; %s)" % fix)
+    for b in h:
+        if not (48 <= b <= 57 or 97 <= b <= 102 or 65 <= b <= 70):  # 0-9 a-f A-F
+            raise ValueError("not hex: the file holds text other than the digits 0-9 a-f (a "
+                             "passphrase? a link key is at least 32 hex digits; %s)" % fix)
+    if len(h) < 32:
+        raise ValueError("too short: %d hex digits (%d bytes); a link key has at least 32 (16 "
+                         "bytes; %s)" % (len(h), len(h) // 2, fix))
+    if len(h) % 2:
+        raise ValueError("an odd number of hex digits (%d): a link key is whole bytes, 2 digits "
+                         "each (%s)" % (len(h), fix))
+    return unhexlify(h)
 
 
 def link_needs_key(url):

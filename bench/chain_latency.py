@@ -15,16 +15,18 @@ Issue 12's goal: serial p99 <= 2x p50 (Micro XRCE-DDS reports 8.81 ms round trip
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import chainkit as K  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 LINK_FRAME_OVERHEAD = 12      # docs/LINK.md: sync 2, len 2, ctl 1, hck 1, seq 1, ack 1, CRC-32 4
 RECORD_HEADER = 3             # type 1, slot varint 1, length varint 1 (messages < 128 B)
@@ -128,13 +130,12 @@ def fmt(r: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--udp-count", type=int, default=2000)
+    ap = host_cli.script_parser("bench/chain_latency.py", __doc__ or "")
+    ap.add_argument("--udp-count", type=host_cli.positive_int, default=2000)
     ap.add_argument("--udp-rate", type=float, default=1000.0, help="pings/s over UDP")
-    ap.add_argument("--serial-count", type=int, default=300)
+    ap.add_argument("--serial-count", type=host_cli.positive_int, default=300)
     ap.add_argument("--serial-rate", type=float, default=20.0, help="pings/s over serial")
-    ap.add_argument("--baud", type=int, default=115200)
+    ap.add_argument("--baud", type=host_cli.positive_int, default=115200)
     ap.add_argument("--skip-udp", action="store_true")
     a = ap.parse_args(argv)
 

@@ -23,7 +23,6 @@ and says so. Bounded: every phase has a deadline (--timeout).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -34,9 +33,12 @@ import threading
 import time
 from typing import Any, Dict, List
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import chainkit as K  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 
 def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: int,
@@ -201,13 +203,14 @@ def fmt(r: Dict[str, Any]) -> str:
 
 
 def main(argv: List[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--count", type=int, default=20000, help="messages from one client")
+    ap = host_cli.script_parser("bench/chain_throughput.py", __doc__ or "")
+    ap.add_argument("--count", type=host_cli.positive_int, default=20000,
+                    help="messages from one client")
     ap.add_argument("--clients", type=int, default=5, help="parallel clients (0: skip)")
     ap.add_argument("--per-client", type=int, default=4000, help="messages per parallel client")
     ap.add_argument("--size", type=int, default=1024, help="CDR bytes per message (1024)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="deadline of each phase, s")
+    ap.add_argument("--timeout", type=host_cli.duration, default=60.0,
+                    help="deadline of each phase, s")
     ap.add_argument("--link-mtu", default=str(1400),
                     help="comma-separated --link-mtu values, each a chain of its own on both "
                          "ends, in this run (e.g. 1400,8192)")

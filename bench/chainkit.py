@@ -569,14 +569,7 @@ def percentiles(vals: List[float]) -> Dict[str, float]:
 
 
 # -- the bare DDS writer process ----------------------------------------------------------------
-def _dds_writer_main(argv: List[str]) -> int:
-    ap = argparse.ArgumentParser(prog="chainkit.py dds-writer",
-                                 description="bare cyclonedds-python writer of tagged Strings, "
-                                             "with the companion's writer QoS")
-    ap.add_argument("--topic", required=True)
-    ap.add_argument("--count", type=int, required=True)
-    ap.add_argument("--size", type=int, default=1024)
-    a = ap.parse_args(argv)
+def _dds_writer_main(a: argparse.Namespace) -> int:
     from cyclonedds.pub import DataWriter
     from cyclonedds.util import duration
 
@@ -598,19 +591,7 @@ def _dds_writer_main(argv: List[str]) -> int:
 
 
 # -- a UBRB client process (a UE world's stand-in) ----------------------------------------------
-def _ubrb_writer_main(argv: List[str]) -> int:
-    ap = argparse.ArgumentParser(
-        prog="chainkit.py ubrb-writer",
-        description="one UBRB client: advertises TOPIC reliable, prints 'ready', and on SIGUSR1 "
-                    "sends COUNT tagged PUBLISH frames back to back, building them as it goes (as "
-                    "the bare DDS writer builds its samples); stays connected until SIGTERM, then "
-                    "prints the ERROR codes it got")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--topic", required=True)
-    ap.add_argument("--count", type=int, required=True)
-    ap.add_argument("--client", type=int, default=0, help="the tag's client number")
-    ap.add_argument("--size", type=int, default=1024)
-    a = ap.parse_args(argv)
+def _ubrb_writer_main(a: argparse.Namespace) -> int:
     # taken only by sigwait (the reader thread inherits the mask)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
     c = RawClient(a.port, "tp%d" % a.client)
@@ -630,9 +611,38 @@ def _ubrb_writer_main(argv: List[str]) -> int:
     return 0
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """`bench/chainkit.py dds-writer|ubrb-writer ...`: the processes the chain benches start."""
+    sys.path.insert(0, os.path.join(ROOT, "ports", "cpython"))
+    from ubrb_host import cli as host_cli
+    import ubrb_min
+
+    p = host_cli.Parser(prog="bench/chainkit.py", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    host_cli.add_program_arguments(p, ubrb_min.VERSION)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dds-writer", help="the bare DDS writer of bench/chain_throughput.py",
+                       description="bare cyclonedds-python writer of tagged Strings, with the "
+                                   "companion's writer QoS")
+    d.add_argument("--topic", required=True)
+    d.add_argument("--count", type=host_cli.positive_int, required=True)
+    d.add_argument("--size", type=host_cli.positive_int, default=1024)
+    d.set_defaults(func=_dds_writer_main)
+    u = sub.add_parser(
+        "ubrb-writer", help="one UBRB client of the chain",
+        description="one UBRB client: advertises TOPIC reliable, prints 'ready', and on SIGUSR1 "
+                    "sends COUNT tagged PUBLISH frames back to back, building them as it goes (as "
+                    "the bare DDS writer builds its samples); stays connected until SIGTERM, then "
+                    "prints the ERROR codes it got")
+    u.add_argument("--port", type=host_cli.port_number, required=True)
+    u.add_argument("--topic", required=True)
+    u.add_argument("--count", type=host_cli.positive_int, required=True)
+    u.add_argument("--client", type=int, default=0, help="the tag's client number")
+    u.add_argument("--size", type=host_cli.positive_int, default=1024)
+    u.set_defaults(func=_ubrb_writer_main)
+    return p
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "dds-writer":
-        sys.exit(_dds_writer_main(sys.argv[2:]))
-    if len(sys.argv) > 1 and sys.argv[1] == "ubrb-writer":
-        sys.exit(_ubrb_writer_main(sys.argv[2:]))
-    print(__doc__)
+    _args = build_parser().parse_args()
+    sys.exit(_args.func(_args))

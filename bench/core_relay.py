@@ -69,7 +69,9 @@ def measure_micropython(count: int):
         'import fs from "fs";\n'
         "const mp = await loadMicroPython({stdout:(l)=>process.stdout.write(l+'\\n')});\n"
         "mp.FS.mkdir('/lib');\n"
+        # the core and ubrb_setup (profiles), as a board loads them
         "mp.FS.writeFile('/lib/ubrb_min.py', fs.readFileSync('ubrb_min.py'));\n"
+        "mp.FS.writeFile('/lib/ubrb_setup.py', fs.readFileSync('ubrb_setup.py'));\n"
         "mp.FS.writeFile('/lib/relay_paths.py', fs.readFileSync('bench/relay_paths.py'));\n"
         "mp.runPython(fs.readFileSync(0, 'utf8'));\n"
     )

@@ -19,16 +19,18 @@ goodput >= 0.90. (bench/link_efficiency.py measures the link codec in memory, no
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import chainkit as K  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 ROSSERIAL_OVERHEAD = 8
 # Micro XRCE-DDS over its serial transport, one WRITE_DATA per message, as assumed here:
@@ -97,12 +99,13 @@ def measure(chain: K.Chain, tag: str, size: int, qos: dict, offer: float, warmup
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baud", type=int, default=115200)
+    ap = host_cli.script_parser("bench/line_efficiency.py", __doc__ or "")
+    ap.add_argument("--baud", type=host_cli.positive_int, default=115200)
     ap.add_argument("--offer", type=float, default=2.0, help="offered load / line rate (2)")
-    ap.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
-    ap.add_argument("--window", type=float, default=15.0, help="steady-state window, s")
+    ap.add_argument("--warmup", type=host_cli.duration, default=3.0,
+                    help="seconds before the window")
+    ap.add_argument("--window", type=host_cli.duration, default=15.0,
+                    help="steady-state window, s")
     ap.add_argument("--sizes", default="64,1024", help="CDR bytes per message")
     ap.add_argument("--be-depths", default="1,10",
                     help="KEEP_LAST depths of the best-effort rows (1,10): the link keeps that "

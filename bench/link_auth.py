@@ -1,24 +1,31 @@
-# The keyed link's cost per frame (docs/LINK.md "Authentication"): HMAC-SHA256 trailer time and
-# bytes allocated, beside the same traffic unkeyed. Runs on CPython and on MicroPython:
-#
-#     .venv/bin/python bench/link_auth.py          # CPython
-#     node bench/mp_run.mjs bench/link_auth.py     # MicroPython 1.27 (the WebAssembly build)
-#
-# Two sans-IO LinkSessions joined in memory (UDP framing). One "exchange" is a 64-byte reliable
-# message in its own frame and the ACK frame coming back: 2 frames, each MAC'd by its sender and
-# checked by its receiver. Time is per frame (send + receive, both ends' work). Bytes allocated:
-# on MicroPython every heap byte allocated (gc.mem_alloc with the collector off), per frame; on
-# CPython the most Python-heap bytes live at once during an exchange above what was live before
-# (tracemalloc peak; OpenSSL's hash contexts are outside it, so the Python objects of one MAC are
-# listed too). CPython frees everything at once; on MicroPython it is garbage until a collection.
+"""The keyed link's cost per frame (docs/LINK.md "Authentication"): HMAC-SHA256 trailer time and
+bytes allocated, beside the same traffic unkeyed. Runs on CPython and on MicroPython:
+
+    .venv/bin/python bench/link_auth.py          # CPython
+    node bench/mp_run.mjs bench/link_auth.py     # MicroPython 1.27 (the WebAssembly build)
+
+Two sans-IO LinkSessions joined in memory (UDP framing). One "exchange" is a 64-byte reliable
+message in its own frame and the ACK frame coming back: 2 frames, each MAC'd by its sender and
+checked by its receiver. Time is per frame (send + receive, both ends' work). Bytes allocated:
+on MicroPython every heap byte allocated (gc.mem_alloc with the collector off), per frame; on
+CPython the most Python-heap bytes live at once during an exchange above what was live before
+(tracemalloc peak; OpenSSL's hash contexts are outside it, so the Python objects of one MAC are
+listed too). CPython frees everything at once; on MicroPython it is garbage until a collection.
+"""
 import sys
 
-sys.path.insert(0, ".")  # the repository root (run from it)
+MP = sys.implementation.name == "micropython"
+if MP:
+    sys.path.insert(0, ".")  # bench/mp_run.mjs: the repository's files in the cwd
+else:
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "ports", "cpython"))  # ubrb_host
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ubrb_min as L  # noqa: E402
 import ubrb_keyed  # noqa: E402
-
-MP = sys.implementation.name == "micropython"
 KEY = bytes(range(32))
 
 if MP:
@@ -75,18 +82,23 @@ def exchange(g, c, msg, size, now):
     g.feed(c.tx_buf, 0, n, now)
 
 
+# stat_counts' index of tx_frames, from the list of names (the core's _LKC_ constants are
+# compile-time only on MicroPython)
+TX_FRAMES = L._LK_COUNTERS.split().index("tx_frames")
+
+
 def measure(key, size, rounds):
     g, c = pair(key)
     msg = bytearray(size)
     for _ in range(50):
         exchange(g, c, msg, size, 2000)       # warm-up
-    f0 = g.stat_counts[L._LKC_TX_FRAMES] + c.stat_counts[L._LKC_TX_FRAMES]
+    f0 = g.stat_counts[TX_FRAMES] + c.stat_counts[TX_FRAMES]
     gc.collect()
     t0 = clock_us()
     for _ in range(rounds):
         exchange(g, c, msg, size, 2000)
     us = elapsed_us(t0)
-    frames = g.stat_counts[L._LKC_TX_FRAMES] + c.stat_counts[L._LKC_TX_FRAMES] - f0
+    frames = g.stat_counts[TX_FRAMES] + c.stat_counts[TX_FRAMES] - f0
     # allocation, in a separate run (tracing slows CPython down)
     k = rounds // 4
     gc.collect()
@@ -121,6 +133,10 @@ def hmac_only(size, rounds):
 
 
 def main():
+    if not MP:  # the command line every program has: --version, -v/-q, a mistake in one line
+        from ubrb_host.cli import script_parser
+
+        script_parser("bench/link_auth.py", __doc__ or "").parse_args()
     rounds = 10000 if MP else 20000  # the WebAssembly clock ticks in ms: runs of >= 1 s
     print("runtime: %s %s" % (sys.implementation.name, sys.version.split()[0]))
     print("per frame (send + receive, 64-byte message frames and their ACK frames, %d exchanges)"
@@ -151,4 +167,5 @@ def main():
                  sum(sys.getsizeof(o) for o in objs)))
 
 
-main()
+if __name__ == "__main__":
+    main()

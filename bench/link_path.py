@@ -16,13 +16,14 @@ the per-message CPU; the whole chain is bench/chain_throughput.py.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 import timeit
 from typing import Any, List
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ubrb_min as U  # noqa: E402
@@ -30,6 +31,7 @@ import ubrb_setup
 from bench import relay_paths as RP  # noqa: E402
 from ros_side.companion import Companion  # noqa: E402
 from ros_side.link_end import LinkCompanionEnd  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 
 class IdleBackend:
@@ -52,10 +54,10 @@ def shuttle(a: U.LinkSession, b: U.LinkSession, now: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--count", type=int, default=200000)
-    ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--mtu", type=int, default=ubrb_setup.LINK_DEFAULT_MTU)
+    ap = host_cli.script_parser("bench/link_path.py", __doc__ or "")
+    ap.add_argument("--count", type=host_cli.positive_int, default=200000)
+    ap.add_argument("--size", type=host_cli.positive_int, default=1024)
+    ap.add_argument("--mtu", type=host_cli.positive_int, default=ubrb_setup.LINK_DEFAULT_MTU)
     a = ap.parse_args()
     g = ubrb_setup.new_link_session(None, 11, True, True, 65536, a.mtu)
     c = ubrb_setup.new_link_session(None, 22, False, True, 65536, a.mtu)

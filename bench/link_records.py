@@ -9,16 +9,18 @@ Usage: .venv/bin/python bench/link_records.py [--count N]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import timeit
 from typing import Any
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ubrb_min as U  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 
 class Sink:
@@ -34,8 +36,8 @@ def best(fn: Any, n: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--count", type=int, default=200000)
+    p = host_cli.script_parser("bench/link_records.py", __doc__ or "")
+    p.add_argument("--count", type=host_cli.positive_int, default=200000)
     n = p.parse_args().count
     port = U.LinkRosPort(U.LinkSession(None, 1, True, True))
     sink = Sink()

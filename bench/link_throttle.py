@@ -13,15 +13,17 @@ per second, and whether the last one is the newest written. Run twice: with
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from typing import Any, Dict
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import chainkit as K  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 TOPIC = "/bench/thr"
 QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
@@ -60,11 +62,11 @@ def run(baud: int, throttle_hz: int, size: int, seconds: float) -> Dict[str, Any
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baud", type=int, default=115200)
-    ap.add_argument("--hz", type=int, default=50)
-    ap.add_argument("--size", type=int, default=64, help="CDR bytes per message")
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap = host_cli.script_parser("bench/link_throttle.py", __doc__ or "")
+    ap.add_argument("--baud", type=host_cli.positive_int, default=115200)
+    ap.add_argument("--hz", type=host_cli.positive_int, default=50)
+    ap.add_argument("--size", type=host_cli.positive_int, default=64, help="CDR bytes per message")
+    ap.add_argument("--seconds", type=host_cli.duration, default=5.0)
     a = ap.parse_args()
     line = a.baud / 10.0
     print("line %d baud (%.0f B/s each way), a 1 kHz topic of %d-byte messages for %g s"

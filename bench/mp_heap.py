@@ -28,7 +28,6 @@ Usage: .venv/bin/python bench/mp_heap.py [--micropython LABEL=PATH ...] [--no-se
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -39,11 +38,12 @@ import tempfile
 from typing import List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "ports", "cpython"))
 sys.path.insert(0, ROOT)
 
 from tools import deploy, romfs_board  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
-VERSION = "0.1.0"
 MEMORY_LINE = re.compile(r"heap after start-up: (\d+) bytes used, (\d+) free")
 KEY_HEX = "00112233445566778899aabbccddeeff" * 2
 # (label, extra gateway flags): what a board runs in each configuration
@@ -212,12 +212,11 @@ def mod_path(mod: str) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/mp_heap.py", description=__doc__.split("\n\n")[0])
+    ap = host_cli.script_parser("bench/mp_heap.py", __doc__ or "")
     ap.add_argument("--micropython", action="append", default=[], metavar="LABEL=PATH",
                     help="another MicroPython unix-port binary to measure (repeatable)")
     ap.add_argument("--no-search", action="store_true",
                     help="skip the smallest-heap bisections (the slow part)")
-    ap.add_argument("--version", action="version", version="%(prog)s " + VERSION)
     args = ap.parse_args(argv)
     interps: List[Tuple[str, str]] = [("unix port (PyPI, 64-bit)", deploy.tool("micropython"))]
     for spec in args.micropython:

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Run one Python script of bench/ under real MicroPython 1.27 (the WebAssembly build from npm,
-// as tests/mp/run.mjs does for tests): ubrb_min.py and the script are copied into the instance's
+// as tests/mp/run.mjs does for tests): the core's modules and the script are copied into the instance's
 // file system at /repo, which is also its working directory.
 //
 //   node bench/mp_run.mjs bench/link_auth.py
@@ -21,7 +21,10 @@ const mp = await loadMicroPython({
   heapsize: Number(process.env.MP_HEAPSIZE || 4 * 1024 * 1024),
 });
 mp.FS.mkdir("/repo");
-mp.FS.writeFile("/repo/ubrb_min.py", fs.readFileSync(path.join(ROOT, "ubrb_min.py"), "utf8"));
+// the core and the modules beside it that start-up and the optional features load
+for (const name of ["ubrb_min.py", "ubrb_setup.py", "ubrb_policy.py", "ubrb_keyed.py"]) {
+  mp.FS.writeFile("/repo/" + name, fs.readFileSync(path.join(ROOT, name), "utf8"));
+}
 mp.FS.chdir("/repo");
 mp.runPython("import os, sys\nos.chdir('/repo')\nsys.path.insert(0, '/repo')");
 mp.runPython(fs.readFileSync(path.resolve(script), "utf8"));

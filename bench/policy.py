@@ -18,7 +18,6 @@ Usage: .venv/bin/python bench/policy.py [--seconds S] [--mib N]
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import struct
@@ -34,6 +33,7 @@ from tests.e2e.helpers import (E2E_DOMAIN, E2E_XML, Client, companion_argv,  # n
                                e2e_proc)
 from tests.support.loopback_ports import free_port  # noqa: E402
 from tests.support.procs import Proc  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 RATES = {"/bench/t10": 10, "/bench/t50": 50, "/bench/t100": 100, "/bench/all": 0}
 BIG = 64 * 1024
@@ -153,9 +153,9 @@ def bench_history(mib: int, budget: str) -> Optional[tuple]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--mib", type=int, default=256)
+    ap = host_cli.script_parser("bench/policy.py", __doc__ or "")
+    ap.add_argument("--seconds", type=host_cli.duration, default=3.0)
+    ap.add_argument("--mib", type=host_cli.positive_int, default=256)
     a = ap.parse_args()
     bench_throttle(a.seconds)
     print("history budget: transient_local depth 100000, 64 KiB messages (the issue's case)")

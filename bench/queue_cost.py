@@ -15,7 +15,6 @@ Usage: .venv/bin/python bench/queue_cost.py [--events N] [--before REV]
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -24,9 +23,11 @@ import types
 from typing import Any, Callable, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "ports", "cpython"))  # ubrb_host
 sys.path.insert(0, ROOT)
 
 import ubrb_min  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
 
 SIZES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
 KINDS = ("message/be", "message/rel", "ping", "publish/unk")
@@ -93,8 +94,9 @@ def measure(event: Callable[[int], None], n: int) -> List[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=300, help="events timed per case (default 300)")
+    ap = host_cli.script_parser("bench/queue_cost.py", __doc__ or "")
+    ap.add_argument("--events", type=host_cli.positive_int, default=300,
+                    help="events timed per case (default 300)")
     ap.add_argument("--before", default="fa61a51", help="git revision of the earlier core")
     args = ap.parse_args()
     cores = [("before", load_before(args.before)), ("after", ubrb_min)]

@@ -1,16 +1,29 @@
-# The two relay paths bench/core_relay.py measures, on CPython and on MicroPython alike (this file
-# is copied into the MicroPython instance as it is: no typing, no CPython-only modules).
-#
-#   core(size):  the gateway core: a PUBLISH of `size` bytes from client A in through its decoder
-#                to the ROS side, a ROS message of `size` bytes out as a MESSAGE in client B's queue.
-#   naive(size): the same two directions written the usual way: bytes accumulated and sliced,
-#                struct.unpack per header, the outgoing frame built by concatenation.
-#
-# Each returns relay(n), which does n round trips.
+"""The two relay paths bench/core_relay.py measures, on CPython and on MicroPython alike (this file
+is copied into the MicroPython instance as it is: no typing, no CPython-only modules).
+
+  core(size):  the gateway core: a PUBLISH of `size` bytes from client A in through its decoder
+               to the ROS side, a ROS message of `size` bytes out as a MESSAGE in client B's queue.
+  naive(size): the same two directions written the usual way: bytes accumulated and sliced,
+               struct.unpack per header, the outgoing frame built by concatenation.
+
+Each returns relay(n), which does n round trips.
+
+Run by itself (CPython), it times both paths once: bench/core_relay.py is the full measure.
+
+    .venv/bin/python bench/relay_paths.py [--size 1024] [--count 10000]
+"""
 import struct
 
-import ubrb_min as U
-import ubrb_setup
+if __name__ == "__main__":  # run by hand (CPython): the repository's modules and ubrb_host
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "ports", "cpython"))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ubrb_min as U  # noqa: E402
+import ubrb_setup  # noqa: E402
 
 QOS = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 
@@ -105,3 +118,25 @@ def naive(size):
             state[2] += len(out)  # (sent and gone)
 
     return relay
+
+
+def main():
+    import time
+
+    from ubrb_host.cli import positive_int, script_parser
+
+    ap = script_parser("bench/relay_paths.py", __doc__ or "")
+    ap.add_argument("--size", type=positive_int, default=1024, help="payload bytes (1024)")
+    ap.add_argument("--count", type=positive_int, default=10000, help="relays per path (10000)")
+    a = ap.parse_args()
+    for name, make in (("core", core), ("naive", naive)):
+        relay = make(a.size)
+        relay(100)  # warm-up
+        t0 = time.perf_counter()
+        relay(a.count)
+        us = (time.perf_counter() - t0) / a.count * 1e6
+        print("%-5s %8.2f us per relay (one PUBLISH in, one MESSAGE out; %d B)" % (name, us, a.size))
+
+
+if __name__ == "__main__":
+    main()

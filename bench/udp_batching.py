@@ -12,10 +12,16 @@ Usage: .venv/bin/python bench/udp_batching.py [--count N] [--batch 16] [--size 1
 
 from __future__ import annotations
 
-import argparse
+import os
 import socket
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "ports", "cpython"))  # ubrb_host
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ubrb_host import cli as host_cli  # noqa: E402
 
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
 UDP_GRO = getattr(socket, "UDP_GRO", 104)
@@ -70,10 +76,11 @@ def run(gso: bool, gro: bool, count: int, size: int, per: int) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--count", type=int, default=32000)
-    ap.add_argument("--batch", type=int, default=16, help="datagrams per batch (<= 64)")
-    ap.add_argument("--size", type=int, default=1400)
+    ap = host_cli.script_parser("bench/udp_batching.py", __doc__ or "")
+    ap.add_argument("--count", type=host_cli.positive_int, default=32000)
+    ap.add_argument("--batch", type=host_cli.positive_int, default=16,
+                    help="datagrams per batch (<= 64)")
+    ap.add_argument("--size", type=host_cli.positive_int, default=1400)
     a = ap.parse_args()
     print("UDP on 127.0.0.1, %d-byte datagrams in batches of %d" % (a.size, a.batch))
     for gso in (False, True):

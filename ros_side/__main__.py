@@ -190,6 +190,8 @@ def run_direct(args: argparse.Namespace) -> int:
 
 def run_link(args: argparse.Namespace) -> int:
     max_message = min(args.max_message or core.LINK_MAX_MESSAGE, core.LINK_MAX_MESSAGE)
+    # the key file is part of the command line: checked (one line, exit 2) before a backend starts
+    link_secret = host_cli.link_key(args, log)
     companion = make_companion(args, None, max_message)
     declare_parameters(companion, args)
     try:
@@ -197,7 +199,7 @@ def run_link(args: argparse.Namespace) -> int:
             raise ValueError("the companion needs a link (udp://HOST:PORT or serial:PATH)")
         session, driver = host_link.open_link(
             args.link, False, max_message, baud=args.baud, mtu=args.link_mtu,
-            key=host_cli.link_key(args),
+            key=link_secret,
         )
         end = LinkCompanionEnd(session, companion, log=host_cli.make_logger("ros_side"))
     except (OSError, RuntimeError, ValueError) as e:

@@ -105,21 +105,20 @@ def tool(name: str) -> str:
 
 
 def gateway_options(link: str, flags: Sequence[str]) -> Dict[str, object]:
-    """config.py's GATEWAY dict: --link and the remaining `--name value` flags (underscored)."""
+    """config.py's GATEWAY dict: --link and the gateway flags given (underscored names), read by
+    the board's own option parser (ports/micropython/gateway.py), so a flag the board does not
+    have, or a value it would refuse, is a ValueError (one line) here and not on the board."""
+    from ports.micropython import gateway as board
+
+    parsed = board.parse_args(list(flags))
+    if parsed is None:
+        raise ValueError("--help after the action lists deploy's options; the gateway's are in "
+                         "ports/micropython/README.md")
     opts: Dict[str, object] = {"link": link}
-    i = 0
-    while i < len(flags):
-        flag = flags[i]
-        if not flag.startswith("--"):
-            raise SystemExit("deploy: unexpected argument %r (gateway flags are --name value)" % flag)
-        name, eq, value = flag[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(flags):
-                raise SystemExit("deploy: %s needs a value" % flag)
-            i += 1
-            value = flags[i]
-        opts[name.replace("-", "_")] = int(value) if re.fullmatch(r"-?\d+", value) else value
-        i += 1
+    for flag in flags:
+        if flag.startswith("--"):
+            name = flag[2:].partition("=")[0].replace("-", "_")
+            opts[name] = parsed[name]
     return opts
 
 
@@ -294,7 +293,14 @@ def talk(port: int) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="tools/deploy.py", description=__doc__.split("\n\n")[0])
+    sys.path.insert(0, os.path.join(ROOT, "ports", "cpython"))
+    import ubrb_min as U
+    from ubrb_host import cli as host_cli
+
+    ap = host_cli.Parser(prog="tools/deploy.py", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    # --version only: -v/-q/--log-level would shadow the gateway's own --log-level (config.py)
+    ap.add_argument("--version", action="version", version="%(prog)s " + U.VERSION)
     ap.add_argument("action", choices=("build", "board", "check"))
     ap.add_argument("--out", default=DEFAULT_OUT, help="the local folder (default build/deploy)")
     ap.add_argument("--port", help="the board's serial port, for `board` (e.g. /dev/ttyUSB0)")
@@ -311,11 +317,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # a UDP link as on a board, to a free loopback port nobody answers: the gateway starts
         # and serves clients after its 2 s grace; no datagram goes to anyone else's companion
         link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+    try:
+        options = gateway_options(link, flags)
+    except ValueError as e:  # the board's words, pointing at the board's flags
+        ap.exit(2, "tools/deploy.py: gateway flags: %s (the board's flags: "
+                "ports/micropython/README.md)\n" % str(e).split(" (--help")[0])
     if args.romfs:
-        files = build_romfs(out, gateway_options(link, flags))
+        files = build_romfs(out, options)
         base = os.path.join(out, ROMFS_TREE)
     else:
-        files = build(out, gateway_options(link, flags))
+        files = build(out, options)
         base = out
     for name, n in sizes(base):
         print("%-34s %6d bytes" % (name, n))

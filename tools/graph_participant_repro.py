@@ -121,8 +121,11 @@ def announce_and_observe(domain, zero_gid):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--domain", type=int, default=100 + os.getpid() % 120)
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "ports", "cpython")]  # ubrb_min, ubrb_host
+    from ubrb_host import cli as host_cli
+
+    ap = host_cli.script_parser("tools/graph_participant_repro.py", __doc__ or "")
+    ap.add_argument("--domain", type=host_cli.domain_id, default=100 + os.getpid() % 120)
     ap.add_argument("--gid", choices=("real", "zero"), help="one run only (default: both)")
     ap.add_argument("--observe", metavar="TOPIC", help=argparse.SUPPRESS)
     a = ap.parse_args()

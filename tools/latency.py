@@ -4,8 +4,8 @@
                       ◀──────────── /ubrb_bench/pong ◀────────────────────────────── (republish)
 
 Starts the gateway, the companion and the ROS-side echo (tools/ros_observer.py echo) on
-127.0.0.1 (DDS on loopback, a free domain), runs `ubrb_client bench` against them, prints its
-result, then stops all three (SIGINT, then SIGKILL after 5 s). The children's logs go to a
+127.0.0.1 (DDS on loopback, in domain --domain, else ROS_DOMAIN_ID, else a free one), runs
+`ubrb_client bench` against them, prints its result, then stops all three (SIGINT, then SIGKILL after 5 s). The children's logs go to a
 temp directory that is removed after a clean run and kept (and named) when something failed.
 Exit 0 when the bench got its replies, 1 otherwise, 2 for a usage mistake.
 
@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qos", choices=("reliable", "best_effort"), default="reliable",
                    help="reliability of ping and pong (default reliable)")
     p.add_argument("--domain", type=host_cli.domain_id, default=None, metavar="N",
-                   help="DDS domain 0-232 (default: a random one no participant here uses)")
+                   help="DDS domain 0-232 (default: ROS_DOMAIN_ID if set, else a random one no "
+                        "participant here uses)")
     p.add_argument("--json", action="store_true", help="the result as one JSON line")
     return p
 
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     host_cli.setup_logging(host_cli.log_level_of(args))
+    if args.domain is None:  # as the demo does: ROS_DOMAIN_ID (checked like --domain), else random
+        args.domain = host_cli.env_domain()
     from tools import demo  # the demo's child handling, ports and domain choice
 
     if demo.OBSERVER_MISSING is not None:

@@ -19,7 +19,8 @@ runs (a KeyboardInterrupt in the gateway: its clean shutdown), SIGTERM ends the 
 exit status is the interpreter's. Not emulated: flash access time (a board's cache misses), the
 partition's size and alignment, and a 32-bit board's smaller objects (this port is 64-bit).
 
-Exit status: the interpreter's; 1 when there is no image or no interpreter (one line says which).
+Exit status: the interpreter's; 1 when there is no image or no interpreter, 2 for a gateway flag
+the board does not have or a value it refuses (one line says which). `--version` first: its own.
 """
 
 from __future__ import annotations
@@ -69,11 +70,27 @@ def map_flash(path: str) -> int:
 
 def main(args: Optional[Sequence[str]] = None) -> int:
     flags = list(sys.argv[1:] if args is None else args)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    if flags[:1] == ["--version"]:  # its own; the gateway's flags come after its options
+        import ubrb_min
+
+        print("tools/romfs_board.py %s" % ubrb_min.VERSION)
+        return 0
     heap, run = HEAP, RUN
     if flags[:1] == ["--heap"] and len(flags) > 1:
         heap, flags = flags[1], flags[2:]
     if flags[:1] == ["-c"] and len(flags) > 1:
         run, flags = flags[1] + "\n", flags[2:]
+    if run == RUN:  # main.py gets the flags: the board's own option parser checks them first
+        from ports.micropython import gateway as board
+
+        try:
+            board.parse_args(list(flags))
+        except ValueError as e:
+            print("romfs_board: %s" % e, file=sys.stderr)
+            return 2
     try:
         import micropython_run
     except ImportError:

@@ -680,6 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     host_cli.add_program_arguments(common, ubrb_min.VERSION)
     p = host_cli.Parser(prog="tools/ros_observer.py", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version="%(prog)s " + ubrb_min.VERSION)
     sp = p.add_subparsers(dest="cmd", required=True)
     w = sp.add_parser("watch", parents=[common], help="print rates, pose and drops once a second")
     w.add_argument("--drive", action="store_true", help="also drive /cmd_vel (slow circle)")

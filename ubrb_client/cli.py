@@ -83,12 +83,6 @@ def _reason(c: Client) -> str:
     return r
 
 
-def _ros_side_missing(info: dict | None) -> bool:
-    """A HELLO_ACK saying that nothing is behind the bridge: ros_distro "unknown" until its
-    companion (the ROS side) has reported, and again while it is unreachable."""
-    return (info or {}).get("ros_distro") in (None, "unknown")
-
-
 class _RosWatch:
     """echo / hz: one line on stderr when the bridge has no ROS side (nothing can arrive), and
     one when it has it again. The client re-sends HELLO every ROS_CHECK_S; each HELLO_ACK says."""
@@ -102,7 +96,7 @@ class _RosWatch:
         info = self.c.server_info
         if info is None:              # between connections: nothing new
             return False
-        up = not _ros_side_missing(info)
+        up = not _no_ros_side(info or {})
         was, self.up = self.up, up
         if up == was:
             return False
@@ -182,6 +176,21 @@ class _Stop:
 
 
 # ------------------------------------------------------------------------------------- pub
+def _no_ros_side(info: dict) -> str:
+    """Why the bridge of this HELLO_ACK has no ROS side behind it, or "" when it has one.
+
+    ``ros_ready`` says so (false: its companion is not connected); ``ros_distro`` is only what
+    the ROS side reported about itself, so "unknown" there means no ROS side only for a gateway
+    that does not send ``ros_ready``."""
+    ready = info.get("ros_ready")
+    if ready is not None:
+        return "" if ready else "has no ROS side (its companion is not connected)"
+    if info.get("ros_distro") in (None, "unknown"):
+        return ("reports no ROS side (ros_distro \"unknown\"; its companion is not connected, or "
+                "it does not say its distro)")
+    return ""
+
+
 def cmd_pub(args) -> int:
     M = _msgs()
     yaml = _yaml()
@@ -206,9 +215,10 @@ def cmd_pub(args) -> int:
             print(f"pub: could not connect to {args.server} within {args.wait:g} s: {_reason(c)}",
                   file=sys.stderr)
             return 1
-        if _ros_side_missing(c.server_info):
-            print(f"pub: the bridge at {args.server} has no ROS side (its companion is not "
-                  "connected): nothing was published", file=sys.stderr)
+        absent = _no_ros_side(c.server_info or {})
+        if absent:
+            print(f"pub: the bridge at {args.server} {absent}: nothing was published",
+                  file=sys.stderr)
             return 1
         once = not args.rate
         count = args.count if args.count else (1 if once else 0)

@@ -193,12 +193,12 @@ def link_key(opts, log):
                 "join the link, inject into ROS and reach UE clients" % opts["link"])
         return None
     try:
-        with open(path) as f:
-            text = f.read(4096)
+        with open(path, "rb") as f:
+            data = f.read(4096)
     except OSError as e:
         raise ValueError("cannot read link key %s: %s" % (path, e))
     try:
-        key = setup.parse_link_key(text)
+        key = setup.parse_link_key(data)
     except ValueError as e:
         raise ValueError("link key %s: %s" % (path, e))
     try:

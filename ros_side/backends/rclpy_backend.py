@@ -25,6 +25,7 @@ used (see shared/design/ROS-NOTES.md):
 import importlib
 import os
 import queue
+import re
 import threading
 
 from ..errors import RosError
@@ -73,6 +74,58 @@ class _Sub:
         self.incompatible = (0, "")
 
 
+_DISTRO_LINE = re.compile(r"^\s*(?:export\s+ROS_DISTRO=|set;ROS_DISTRO;)['\"]?([A-Za-z0-9_]+)", re.M)
+_WHEEL = re.compile(r"^ros[-_.]([a-z0-9]+)[-_.]rclpy$")
+
+
+def _prefix_distro(prefix):
+    """The distro an install prefix records: ros_environment's environment hook (what sets
+    ROS_DISTRO when the prefix's setup.bash is sourced), else a /opt/ros/<distro> path."""
+    hooks = os.path.join(prefix, "share", "ros_environment", "environment")
+    for name in ("1.ros_distro.sh", "1.ros_distro.dsv"):
+        try:
+            with open(os.path.join(hooks, name), encoding="utf-8", errors="replace") as f:
+                m = _DISTRO_LINE.search(f.read(4096))
+        except OSError:
+            continue
+        if m:
+            return m.group(1).lower()
+    parent, name = os.path.split(os.path.normpath(prefix))
+    if os.path.normpath(parent) == os.path.join(os.sep, "opt", "ros") and name:
+        return name.lower()
+    return None
+
+
+def installed_distro(env=None, rclpy_file=None):
+    """The ROS 2 distro of the rclpy this backend runs on: ``ROS_DISTRO`` when it is set (a
+    sourced setup.bash sets it); else what the installation itself records - the ament index's
+    ros_environment package (in the prefixes of ``AMENT_PREFIX_PATH``, then in rclpy's own
+    prefix, ``<prefix>/lib/pythonX.Y/site-packages/rclpy``), a ``/opt/ros/<distro>`` prefix, or
+    the PyPI wheels' distribution ``ros-<distro>-rclpy`` (.venv-ros: ROS 2 Kilted from PyPI sets
+    no variable); "unknown" only when none of them says."""
+    env = os.environ if env is None else env
+    text = env.get("ROS_DISTRO", "").strip()
+    if text:
+        return text.lower()
+    prefixes = [p for p in env.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    if rclpy_file:
+        prefixes.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.dirname(os.path.abspath(rclpy_file)))))))
+    for prefix in prefixes:
+        found = _prefix_distro(prefix)
+        if found:
+            return found
+    try:
+        from importlib import metadata
+        for dist in metadata.distributions():
+            m = _WHEEL.match(str(dist.metadata["Name"] or "").lower())
+            if m:
+                return m.group(1)
+    except Exception:  # metadata that does not read: nothing recorded there
+        pass
+    return "unknown"
+
+
 def _event_callbacks():
     """rclpy's (PublisherEventCallbacks, SubscriptionEventCallbacks): Iron+ ``event_handler``,
     Humble ``qos_event``."""
@@ -109,7 +162,7 @@ class RclpyBackend:
         self._validate = validate_full_topic_name
         self._InvalidTopic = InvalidTopicNameException
         self._PubEvents, self._SubEvents = _event_callbacks()
-        self.distro = os.environ.get("ROS_DISTRO", "unknown")
+        self.distro = installed_distro(rclpy_file=getattr(rclpy, "__file__", None))
         self._owns_init = False
         if context is None and not rclpy.ok():
             if domain is None:

@@ -115,9 +115,13 @@ def test_the_demo_removes_its_temp_dir_after_a_clean_run(tmp_path: Path) -> None
 
 
 def test_latency_is_one_command_that_stops_what_it_started(tmp_path: Path) -> None:
-    r = run(LATENCY + ["--count", "100", "--rate", "200", "--domain", str(DOMAIN)],
-            TMPDIR=str(tmp_path), timeout=180)
+    # through `make latency` (-o: never rebuild .venv from here; VBIN: this interpreter), the DDS
+    # domain from ROS_DOMAIN_ID alone, as `make demo` takes it (it was ignored: issue 22)
+    r = run(["make", "-s", "-o", ".venv/.stamp", "latency", "VBIN=" + os.path.dirname(PY),
+             "LATENCY_ARGS=--count 100 --rate 200"],
+            TMPDIR=str(tmp_path), timeout=180, ROS_DOMAIN_ID=str(DOMAIN))
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "companion (dds, domain %d)" % DOMAIN in r.stderr, r.stderr
     assert "received 100" in r.stdout and "round trip ms:" in r.stdout, r.stdout
     assert not list(tmp_path.glob("ubrb-latency-*"))
     # nothing it started is left running
@@ -197,6 +201,26 @@ def test_pip_install_gives_a_gateway_that_runs(tmp_path: Path) -> None:
     where = subprocess.run([py, "-c", "import ubrb_min, ubrb_host; print(ubrb_min.__file__)"],
                            capture_output=True, text=True, cwd="/", timeout=60).stdout
     assert "site-packages" in where, where
+    # the distribution is named after the project, and `pip uninstall ubrb-gateway` removes it all
+    assert [os.path.basename(w) for w in wheel] == ["ubrb_gateway-0.1.0-py3-none-any.whl"]
+    import zipfile
+
+    with zipfile.ZipFile(wheel[0]) as z:  # the license it declares, and its text
+        meta = z.read("ubrb_gateway-0.1.0.dist-info/METADATA").decode()
+        assert "License: Apache-2.0" in meta, meta
+        text = z.read("ubrb_gateway-0.1.0.dist-info/LICENSE").decode()
+    assert text == open(os.path.join(ROOT, "LICENSE")).read()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    r = subprocess.run([py, "-m", "pip", "uninstall", "-y", "ubrb-gateway"], capture_output=True,
+                       text=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0 and "Successfully uninstalled ubrb-gateway-0.1.0" in r.stdout, \
+        r.stdout + r.stderr
+    gone = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in ('ubrb_min', "
+                           "'ubrb_setup', 'ubrb_host', 'ros_side', 'ubrb_client') "
+                           "if u.find_spec(m)])"], capture_output=True, text=True, cwd="/",
+                          timeout=60)
+    assert gone.stdout.strip() == "[]", gone.stdout + gone.stderr
+    assert not (venv / "bin" / "ubrb-gateway").exists()
 
 
 def test_gateway_unopenable_link_and_companion_unopenable_link_share_exit_1() -> None:

@@ -40,7 +40,7 @@ class Conn:
                     rec = W.record(op, payload)
                     self.frames.append(rec)
                     if op == F.HELLO and self.server.auto_ack:
-                        self.send(W.hello_ack())
+                        self.send(W.hello_ack(**self.server.ack_fields))
                     elif op == F.PING and self.server.auto_pong:
                         self.send(F.encode_frame(F.PONG))
                     elif op in (F.ADVERTISE, F.SUBSCRIBE):
@@ -83,6 +83,7 @@ class FakeServer:
         self.route = route         # act as a tiny bridge: PUBLISH -> MESSAGE to every sub on the topic
         self.conns = []
         self.auto_ack = True
+        self.ack_fields = {}       # HELLO_ACK fields other than the defaults (client_wire.hello_ack)
         self.auto_pong = True
         self.echo = None           # {publisher id: subscription id} to loop PUBLISH back
         self._lsock = None

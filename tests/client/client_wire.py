@@ -24,8 +24,12 @@ def ops(data: bytes):
     return [name for name, _ in parse(data)]
 
 
-def hello_ack():
-    return F.encode_json_frame(F.HELLO_ACK, {"protocol": 1, "server": "fake/0", "ros_distro": "humble"})
+def hello_ack(**fields):
+    """HELLO_ACK of a bridge with a ROS side (humble); `fields` replace or add fields, a None
+    value drops that field."""
+    ack = {"protocol": 1, "server": "fake/0", "ros_distro": "humble", "ros_ready": True}
+    ack.update(fields)
+    return F.encode_json_frame(F.HELLO_ACK, {k: v for k, v in ack.items() if v is not None})
 
 
 def sub_count(counts: dict):

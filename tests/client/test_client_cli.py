@@ -84,6 +84,29 @@ def test_echo_prints_fields_not_the_message_constants(bridge):
     assert "OK" not in out and "STALE" not in out, out
 
 
+@pytest.mark.parametrize("ack, code, says", [
+    # up, but its distro unknown (an rclpy companion without ROS_DISTRO, issue 22): publishes
+    ({"ros_distro": "unknown", "ros_ready": True}, 0, ""),
+    ({"ros_distro": "unknown", "ros_ready": False},
+     1, "has no ROS side (its companion is not connected): nothing was published"),
+    # a gateway without ros_ready: ros_distro "unknown" is all it has to go on
+    ({"ros_distro": "unknown", "ros_ready": None}, 1, "reports no ROS side (ros_distro"),
+    ({"ros_distro": "jazzy", "ros_ready": None}, 0, ""),
+], ids=["ready-distro-unknown", "not-ready", "old-gateway-unknown", "old-gateway-jazzy"])
+def test_pub_says_no_ros_side_only_when_the_bridge_has_none(bridge, ack, code, says):
+    bridge.ack_fields = ack
+    pub = cli(bridge, "pub", "/chatter", "std_msgs/msg/String", "{data: hi}", "--wait", "5")
+    out, err = pub.communicate(timeout=20)
+    assert pub.returncode == code, (out, err)
+    if code:
+        assert len(err.strip().splitlines()) == 1 and says in err, err
+        assert "publishing #1" not in out and not any(
+            f[0] == "PUBLISH" for f in bridge.all_frames())
+    else:
+        assert "no ROS side" not in err and out.startswith("publishing #1"), (out, err)
+        assert any(f[0] == "PUBLISH" for f in bridge.all_frames())
+
+
 def test_pub_rejects_bad_fields(bridge):
     pub = cli(bridge, "pub", "/x", "std_msgs/msg/String", "{nope: 1}")
     assert pub.wait(10) == 2

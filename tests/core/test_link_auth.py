@@ -220,11 +220,21 @@ def test_parse_link_key():
     assert ubrb_setup.parse_link_key(" 00112233445566778899aabbccddeeff\n") == bytes.fromhex(
         "00112233445566778899aabbccddeeff")
     assert len(ubrb_setup.parse_link_key("ab" * 32)) == 32
-    for bad in ("abcd", "zz" * 16, "a" * 33):
+    assert ubrb_setup.parse_link_key(b"00112233 44556677\r\n8899AABB ccddeeff") == bytes.fromhex(
+        "00112233445566778899aabbccddeeff")
+    # what the file holds instead of a key, in words (never "found 51 digits")
+    raw = bytes([(7 * i + 200) % 256 for i in range(32)])  # 32 raw key bytes
+    for bad, says in (("", "empty"), (" \n\t", "empty"),
+                      (raw, "binary data"), (b"\x00" * 32, "binary data"),
+                      ("caf\u00e9" * 16, "binary data"),
+                      ("correct horse battery staple, my secret link pass\n", "not hex"),
+                      ("zz" * 16, "not hex"), ("0x" + "ab" * 16, "not hex"),
+                      ("abcd", "too short: 4 hex digits"), ("a" * 33, "odd number of hex digits")):
         try:
             ubrb_setup.parse_link_key(bad)
-        except ValueError:
-            pass
+        except ValueError as e:
+            assert says in str(e) and "make link-key" in str(e), (bad, str(e))
+            assert "digits (found" not in str(e)
         else:
             raise AssertionError(bad)
 

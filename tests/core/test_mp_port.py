@@ -292,17 +292,65 @@ def test_message_from_the_companion_reaches_the_client():
 KEY_HEX = "00112233445566778899aabbccddeeff" * 2
 
 
-def key_file(name="ubrb_test_link.key", text=KEY_HEX + "\n"):
-    try:
-        import tempfile
+_key_files = [0]
 
-        d = tempfile.gettempdir()
-    except ImportError:  # MicroPython: its own file system, cwd is fine
-        d = "."
-    path = d + "/" + name
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+
+class KeyFile:
+    """`with KeyFile(text) as path:` a link key file of this test alone, removed after it. On
+    CPython a new temp file (mkstemp: a name no one else has, mode 0600); under MicroPython (the
+    instance's own in-memory file system, no tempfile) a fresh name in its cwd."""
+
+    def __init__(self, text=KEY_HEX + "\n"):
+        self.text = text
+        self.path = None
+
+    def __enter__(self):
+        try:
+            import tempfile
+        except ImportError:  # MicroPython
+            _key_files[0] += 1
+            self.path = "link-%d.key" % _key_files[0]
+            with open(self.path, "w") as f:
+                f.write(self.text)
+            return self.path
+        import os
+
+        fd, self.path = tempfile.mkstemp(prefix="ubrb-test-", suffix=".key")
+        os.write(fd, self.text.encode())
+        os.close(fd)
+        return self.path
+
+    def __exit__(self, *exc):
+        import os
+
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        return False
+
+
+def test_key_files_are_each_tests_own_and_removed_after():
+    import os
+
+    with KeyFile() as a:
+        with KeyFile("x") as b:
+            assert a != b
+            with open(a) as f:
+                assert f.read() == KEY_HEX + "\n"
+            try:
+                import tempfile  # noqa: F401  (CPython: a real temp dir others can see)
+            except ImportError:
+                pass
+            else:
+                assert os.stat(a)[0] & 0o077 == 0 and os.stat(b)[0] & 0o077 == 0
+    for path in (a, b):
+        try:
+            open(path).close()
+        except OSError:
+            pass
+        else:
+            raise AssertionError(path + " left behind")
 
 
 def test_keyed_link_options():
@@ -321,36 +369,38 @@ def test_keyed_link_options():
     rig = Rig(link="udp://10.0.0.2:8269", insecure_link=1)
     assert any(lv == "warning" and "no key" in m for lv, m in rig.logged)
     for text in ("abc", "zz" * 20):
-        try:
-            Rig(link_key=key_file(text=text), comp_key=b"x" * 16)
-        except ValueError as e:
-            assert "link key" in str(e)
-        else:
-            raise AssertionError(text)
+        with KeyFile(text) as path:
+            try:
+                Rig(link_key=path, comp_key=b"x" * 16)
+            except ValueError as e:
+                assert "link key" in str(e)
+            else:
+                raise AssertionError(text)
 
 
 def test_keyed_udp_and_uart_links_carry_data():
     key = ubrb_setup.parse_link_key(KEY_HEX)
-    for link in ("udp://10.0.0.2:8269", "uart:1"):
-        rig = Rig(link=link, link_key=key_file(), comp_key=key, insecure_link=0)
-        rig.up()
-        assert rig.drv.s.tag == U.LK_TAG
-        c = rig.connect()
-        c.send(hello("ue") + advertise(1, "/chatter", "std_msgs/msg/String", QOS_R)
-               + subscribe(4, "/odom", "nav_msgs/msg/Odometry", QOS_R)
-               + publish(1, b"\x00\x01\x00\x00hello"))
-        rig.run(200)
-        frames(c)
-        assert ("publish", 0, b"\x00\x01\x00\x00hello", True) in rig.comp.ros.calls, link
-        rig.comp.end.ros_message(0, b"odom", 0, 4)
-        rig.run(100)
-        got = frames(c)
-        assert [(op, p[4:]) for op, p in got] == [(U.OP_MESSAGE, b"odom")], link
-        assert rig.drv.s.counters()["auth"] == 0 and rig.comp.s.counters()["auth"] == 0
-    # a companion with another key never gets a session
-    rig = Rig(link_key=key_file(), comp_key=bytes(32), insecure_link=0)
-    rig.run(1000)
-    assert not rig.gw.ros_ready and rig.drv.s.counters()["auth"] > 0
+    with KeyFile() as path:
+        for link in ("udp://10.0.0.2:8269", "uart:1"):
+            rig = Rig(link=link, link_key=path, comp_key=key, insecure_link=0)
+            rig.up()
+            assert rig.drv.s.tag == U.LK_TAG
+            c = rig.connect()
+            c.send(hello("ue") + advertise(1, "/chatter", "std_msgs/msg/String", QOS_R)
+                   + subscribe(4, "/odom", "nav_msgs/msg/Odometry", QOS_R)
+                   + publish(1, b"\x00\x01\x00\x00hello"))
+            rig.run(200)
+            frames(c)
+            assert ("publish", 0, b"\x00\x01\x00\x00hello", True) in rig.comp.ros.calls, link
+            rig.comp.end.ros_message(0, b"odom", 0, 4)
+            rig.run(100)
+            got = frames(c)
+            assert [(op, p[4:]) for op, p in got] == [(U.OP_MESSAGE, b"odom")], link
+            assert rig.drv.s.counters()["auth"] == 0 and rig.comp.s.counters()["auth"] == 0
+        # a companion with another key never gets a session
+        rig = Rig(link_key=path, comp_key=bytes(32), insecure_link=0)
+        rig.run(1000)
+        assert not rig.gw.ros_ready and rig.drv.s.counters()["auth"] > 0
 
 
 def test_a_large_frame_split_over_many_reads():
@@ -875,5 +925,6 @@ def test_the_board_serves_with_only_the_modules_it_runs():
     with_policy = serve_once(["--allow-topics", "/a/*"])
     assert "ubrb_policy" in with_policy and "ubrb_keyed" not in with_policy
     assert [m for m in start_up if m in with_policy] == []
-    keyed = serve_once(["--link-key", key_file()], key=ubrb_setup.parse_link_key(KEY_HEX))
+    with KeyFile() as path:
+        keyed = serve_once(["--link-key", path], key=ubrb_setup.parse_link_key(KEY_HEX))
     assert "ubrb_keyed" in keyed and [m for m in start_up if m in keyed] == []

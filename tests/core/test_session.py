@@ -12,11 +12,13 @@ def test_hello_ack_fields_and_unknown_distro_until_ros_reports():
     c = Client(gw)
     c.send(hello("ue-world"))
     (ack,) = c.json_frames(U.OP_HELLO_ACK)
-    assert ack == {"protocol": 1, "server": U.SERVER_NAME, "ros_distro": "unknown"}
+    assert ack == {"protocol": 1, "server": U.SERVER_NAME, "ros_distro": "unknown",
+                   "ros_ready": False}
     ros.up()
     c2 = Client(gw)
     c2.send(hello())
-    assert c2.json_frames(U.OP_HELLO_ACK)[0]["ros_distro"] == "humble"
+    ack = c2.json_frames(U.OP_HELLO_ACK)[0]
+    assert ack["ros_distro"] == "humble" and ack["ros_ready"] is True
 
 
 def test_hello_ack_says_unknown_again_while_the_ros_side_is_unreachable():
@@ -24,7 +26,21 @@ def test_hello_ack_says_unknown_again_while_the_ros_side_is_unreachable():
     gw.ros_down()
     c = Client(gw)
     c.send(hello())
-    assert c.json_frames(U.OP_HELLO_ACK)[0]["ros_distro"] == "unknown"
+    ack = c.json_frames(U.OP_HELLO_ACK)[0]
+    assert ack["ros_distro"] == "unknown" and ack["ros_ready"] is False
+
+
+def test_hello_ack_ros_ready_when_the_ros_side_names_no_distro():
+    # a ROS side that is up but could not say its distro (an rclpy without ROS_DISTRO, before
+    # the companion read it from the installation): ros_ready, not ros_distro, says it is there
+    for distro in (None, "", "unknown"):
+        gw, ros = gateway(ros_up=False)
+        ros.distro = distro
+        ros.up()
+        c = Client(gw)
+        c.send(hello())
+        ack = c.json_frames(U.OP_HELLO_ACK)[0]
+        assert ack["ros_distro"] == "unknown" and ack["ros_ready"] is True, distro
 
 
 def test_ping_gets_pong():

@@ -55,35 +55,37 @@ def add_link_arguments(group: argparse._ActionsContainer, default: Optional[str]
                             "(anyone who can reach the port can then talk to the other end)")
 
 
-def read_link_key(path: str) -> bytes:
-    """The key in a --link-key file (hex, >= 32 digits, whitespace ignored; ubrb_min.parse_link_key);
-    a file that group or others may read gets a warning. ValueError (one line) otherwise."""
+def read_link_key(path: str, logger: Optional[logging.Logger] = None) -> bytes:
+    """The key in a --link-key file (hex, >= 32 digits, whitespace ignored; ubrb_setup.parse_link_key);
+    a file that group or others may read gets a warning on `logger` (default the gateway's).
+    ValueError (one line) otherwise."""
     import os
     import stat
 
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            text = f.read(4096)
+        with open(path, "rb") as f:
+            data = f.read(4096)
         mode = os.stat(path).st_mode
     except OSError as e:
         raise ValueError(f"cannot read link key {path}: {e.strerror or e}") from None
     try:
-        key: bytes = ubrb_setup.parse_link_key(text)
+        key: bytes = ubrb_setup.parse_link_key(data)
     except ValueError as e:
         raise ValueError(f"link key {path}: {e}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("link key %s can be read by group or others (mode %03o): chmod 600 %s",
-                    path, stat.S_IMODE(mode), path)
+        (logger or log).warning("link key %s can be read by group or others (mode %03o): "
+                                "chmod 600 %s", path, stat.S_IMODE(mode), path)
     return key
 
 
-def link_key(args: argparse.Namespace) -> Optional[bytes]:
+def link_key(args: argparse.Namespace, logger: Optional[logging.Logger] = None) -> Optional[bytes]:
     """The key --link-key names (None without one), after the rule that an unkeyed UDP link stays
-    on loopback unless --insecure-link says otherwise (which is logged). A key file that does not
-    do, or a missing key, is a usage mistake: Fatal with exit status 2."""
+    on loopback unless --insecure-link says otherwise (which is logged on `logger`, default the
+    gateway's: the companion passes its own). A key file that does not do, or a missing key, is a
+    usage mistake: Fatal with exit status 2."""
     if args.link_key:
         try:
-            return read_link_key(args.link_key)
+            return read_link_key(args.link_key, logger)
         except ValueError as e:
             raise Fatal(str(e), EXIT_USAGE) from None
     if ubrb_setup.link_needs_key(args.link):
@@ -91,8 +93,8 @@ def link_key(args: argparse.Namespace) -> Optional[bytes]:
             raise Fatal(f"{args.link} is not a loopback address: give --link-key FILE "
                              "(make link-key writes one; the same file on both ends), or "
                              "--insecure-link to run it unauthenticated", EXIT_USAGE)
-        log.warning("link %s has no key (--insecure-link): anyone who can reach it can join the "
-                    "link, inject into ROS and reach UE clients", args.link)
+        (logger or log).warning("link %s has no key (--insecure-link): anyone who can reach it "
+                                "can join the link, inject into ROS and reach UE clients", args.link)
     return None
 
 

@@ -1,0 +1,59 @@
+"""Every program in bench/ and tools/ keeps the README's contract at its command line: --version
+is one line and exit 0, an unknown flag one line on stderr and exit 2 (issue 22: 11 of 14 bench
+scripts refused --version, bench/link_auth.py ignored unknown flags, bench/relay_paths.py died with
+a ModuleNotFoundError traceback, tools/deploy.py and tools/ros_observer.py had no --version).
+
+A program is a file of bench/ or tools/ with a `__main__` block; the modules without one are
+listed in MODULES, so a new file is either a program (and tested here) or said to be a module."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List
+
+import pytest
+
+import ubrb_min as U
+from tests.cli.helpers import PY, run
+from tests.support.procs import ROOT
+
+# modules only, imported by the programs and the tests, never run
+MODULES = {"bench/__init__.py", "tools/__init__.py", "tools/ptyline.py"}
+FILES = sorted("%s/%s" % (d, f) for d in ("bench", "tools")
+               for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(".py"))
+PROGRAMS = [f for f in FILES if f not in MODULES]
+# programs whose flags belong to a subcommand: the unknown flag after each subcommand too
+SUBCOMMANDS = {"bench/chainkit.py": ["dds-writer", "ubrb-writer"],
+               "tools/deploy.py": ["build", "board", "check"],
+               "tools/ros_observer.py": ["watch", "echo"]}
+UNKNOWN = [[p] + ([s] if s else []) for p in PROGRAMS for s in [""] + SUBCOMMANDS.get(p, [])]
+
+
+def _main_block(path: str) -> bool:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return re.search(r'^if __name__ == "__main__":', f.read(), re.M) is not None
+
+
+def test_every_file_is_a_program_or_a_listed_module() -> None:
+    assert all(_main_block(p) for p in PROGRAMS), [p for p in PROGRAMS if not _main_block(p)]
+    assert not any(_main_block(m) for m in MODULES), [m for m in MODULES if _main_block(m)]
+    assert set(SUBCOMMANDS) <= set(PROGRAMS)
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_version_is_one_line_and_exit_0(program: str) -> None:
+    r = run([PY, program, "--version"])
+    assert r.returncode == 0 and not r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert re.fullmatch(r"%s %s\n" % (re.escape(program), re.escape(U.VERSION)), r.stdout), \
+        r.stdout
+
+
+@pytest.mark.parametrize("argv", UNKNOWN, ids=" ".join)
+def test_an_unknown_flag_is_one_line_and_exit_2(argv: List[str]) -> None:
+    r = run([PY] + argv + ["--no-such-flag"])
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, r.stderr
+    assert err.startswith(argv[0].split("/")[-1].split(".")[0]) or err.startswith(argv[0]), err
+    assert not r.stdout, r.stdout   # nothing ran
