@@ -46,8 +46,9 @@ class MicroPythonBridge:
 
     mode = "micropython"
 
-    def __init__(self, *link_args: str) -> None:
-        # link_args: given to both ends (--link-key FILE)
+    def __init__(self, *link_args: str, heap: str = HEAP, layout: str = "romfs") -> None:
+        # link_args: given to both ends (--link-key FILE); heap and layout: the gateway's
+        # (tests/support/mp_unix.py: "romfs", or "files", the .mpy files of stock firmware)
         self.comp_url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
         self.link_args = link_args
         self.comp: Optional[Proc] = None
@@ -57,8 +58,8 @@ class MicroPythonBridge:
             # both clients come from 127.0.0.1: the mcu profile's per-address limit (half of
             # max_clients: 1) would refuse the second, as it does on CPython
             self.gw = MicroPythonGateway("--link", self.comp_url, "--max-clients-per-address",
-                                         "2", *link_args, heap=HEAP,
-                                         env=child_env(E2E_DOMAIN, E2E_XML))
+                                         "2", *link_args, heap=heap,
+                                         env=child_env(E2E_DOMAIN, E2E_XML), layout=layout)
             self.port = self.gw.port
             self.gw.wait_line(r"ROS side up", 10)
         except BaseException:
