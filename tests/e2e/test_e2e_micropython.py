@@ -46,8 +46,9 @@ class MicroPythonBridge:
 
     mode = "micropython"
 
-    def __init__(self, *link_args: str) -> None:
-        # link_args: given to both ends (--link-key FILE)
+    def __init__(self, *link_args: str, heap: str = HEAP, layout: str = "romfs") -> None:
+        # link_args: given to both ends (--link-key FILE); heap and layout: the gateway's
+        # (tests/support/mp_unix.py: "romfs", or "files", the .mpy files of stock firmware)
         self.comp_url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
         self.link_args = link_args
         self.comp: Optional[Proc] = None
@@ -56,8 +57,8 @@ class MicroPythonBridge:
             self.start_companion()
             # both clients come from 127.0.0.1, on the mcu profile's own limits: the per-address
             # one bounds connections before HELLO only
-            self.gw = MicroPythonGateway("--link", self.comp_url, *link_args, heap=HEAP,
-                                         env=child_env(E2E_DOMAIN, E2E_XML))
+            self.gw = MicroPythonGateway("--link", self.comp_url, *link_args, heap=heap,
+                                         env=child_env(E2E_DOMAIN, E2E_XML), layout=layout)
             self.port = self.gw.port
             self.gw.wait_line(r"ROS side up", 10)
         except BaseException:
