@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -27,8 +27,6 @@ from tools import deploy, romfs_board
 # board; tools/deploy.py ROMFS_CHECK_HEAP, `make deploy-check ROMFS=1`). The mcu profile with a
 # UDP link starts in it with >= 32 KiB free (bench/mp_heap.py prints the figures).
 HEAP = deploy.ROMFS_CHECK_HEAP
-_layout: Optional[str] = None
-_files_layout: Optional[str] = None
 
 # -- The heap CI legs (issue 19, item 5) ---------------------------------------------------------
 # The layout stock firmware runs (tools/deploy.py build: the .mpy files loaded into the heap,
@@ -97,28 +95,27 @@ def micropython_exe() -> str:
     pytest.skip(why)
 
 
-def deployed_layout() -> str:
-    """The folder tools/deploy.py builds for a board with ROMFS (romfs.img, main.py, config.py
-    with link none), once per run."""
-    global _layout
-    if _layout is None:
-        out = tempfile.mkdtemp(prefix="ubrb-deploy-")
+_layouts: Dict[bool, str] = {}
+
+
+def _built(romfs: bool) -> str:
+    """The folder tools/deploy.py builds with link none, once per run per layout."""
+    if romfs not in _layouts:
+        out = tempfile.mkdtemp(prefix="ubrb-deploy-romfs-" if romfs else "ubrb-deploy-files-")
         atexit.register(shutil.rmtree, out, True)
-        deploy.build_romfs(out, {"link": "none"})
-        _layout = out
-    return _layout
+        (deploy.build_romfs if romfs else deploy.build)(out, {"link": "none"})
+        _layouts[romfs] = out
+    return _layouts[romfs]
+
+
+def deployed_layout() -> str:
+    """The folder for a board with ROMFS (romfs.img, main.py, config.py)."""
+    return _built(True)
 
 
 def files_layout() -> str:
-    """The folder tools/deploy.py builds for stock firmware (the .mpy files, main.py, config.py
-    with link none), once per run."""
-    global _files_layout
-    if _files_layout is None:
-        out = tempfile.mkdtemp(prefix="ubrb-deploy-files-")
-        atexit.register(shutil.rmtree, out, True)
-        deploy.build(out, {"link": "none"})
-        _files_layout = out
-    return _files_layout
+    """The folder for stock firmware (the .mpy files, main.py, config.py)."""
+    return _built(False)
 
 
 def heap_bytes(heap: str) -> int:
