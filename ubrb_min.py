@@ -259,8 +259,8 @@ def json_depth_ok(b, limit):
 class FrameDecoder:
     """Reassembles UBRB frames from a byte stream split at arbitrary points.
 
-    The port writes received bytes into `buf[fill:]` (at most `space()` bytes) and calls
-    `commit(n)`; `next()` then yields frames one at a time. The header is checked as soon as its 12
+    The port reads into `buf[fill:]` (at most `space()` bytes) and calls Gateway.received(ci,
+    n, now), which adds n to `fill`; `next()` then yields frames one at a time. The header is checked as soon as its 12
     bytes are in, before any payload is waited for.
     """
 
@@ -282,9 +282,6 @@ class FrameDecoder:
 
     def space(self):
         return len(self.buf) - self.fill
-
-    def commit(self, n):
-        self.fill += n
 
     def feed(self, data):
         """Copy `data` in (tests and ports without readinto); returns how much fitted."""
@@ -1100,7 +1097,7 @@ class Gateway:
         c = self.clients[ci]
         d = c.decoder
         if n:
-            d.fill += n  # (FrameDecoder.commit, inline: this runs per read)
+            d.fill += n  # what the port read into d.buf[d.fill:]
             c.last_rx_ms = now
             if c.rx_start_ms < 0:
                 c.rx_start_ms = now
