@@ -164,6 +164,7 @@ def run_direct(args: argparse.Namespace) -> int:
         raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
     signal.signal(signal.SIGINT, server.stop)
     signal.signal(signal.SIGTERM, server.stop)
+    on_usr1 = host_cli.CountersOnSignal(lambda: {"gateway": gw.counters()}, log)
     companion.start()  # tells the gateway core the ROS side is up (distro, max message)
     log.info(
         "direct mode: UBRB bridge on %s:%d, backend %s (%s)",
@@ -177,6 +178,7 @@ def run_direct(args: argparse.Namespace) -> int:
     def until() -> bool:
         nonlocal last_stats
         now = now_ms()
+        on_usr1.check()
         if now - last_stats >= STATS_PERIOD_MS:
             last_stats = now
             companion.gateway_stats(gw.counters())
@@ -213,6 +215,7 @@ def run_link(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    on_usr1 = host_cli.CountersOnSignal(lambda: {"link": driver.counters()}, log)
     sel = selectors.DefaultSelector()
     sel.register(companion.wake_fd(), selectors.EVENT_READ, "companion")
     link_fd = -1
@@ -252,6 +255,7 @@ def run_link(args: argparse.Namespace) -> int:
                 contained("answers owed", end.retry_answers)
             contained("link output", driver.flush, now)
             watch.check(now)
+            on_usr1.check()
             if now - last_stats >= STATS_PERIOD_MS:
                 last_stats = now
                 companion.set_stats("link", driver.counters())

@@ -106,6 +106,29 @@ def test_shutdown_counters_are_a_short_aligned_table() -> None:
     assert len(rows) < 10
 
 
+@pytest.mark.parametrize("argv", [
+    GATEWAY + ["--listen", "127.0.0.1:0", "--link", "none", "--profile", "mcu"],
+    COMPANION + ["--listen", "127.0.0.1:0", "--backend", "dds", "--domain", str(DOMAIN)],
+], ids=["gateway", "companion-direct"])
+def test_sigusr1_logs_the_counters_table_while_it_keeps_serving(argv: List[str]) -> None:
+    # issue 22: a running program's counters without stopping it (kill -USR1 PID)
+    g = Proc(argv)
+    try:
+        port = int(g.wait_line(r"(?:listening on|bridge on) 127\.0\.0\.1:(\d+)", 30).group(1))
+        socket.create_connection(("127.0.0.1", port)).close()
+        g.wait_line(r"client 0 connected", 30)
+        g.proc.send_signal(signal.SIGUSR1)
+        g.wait_line(r"gateway\.clients_accepted +1$", 30)
+        assert g.proc.poll() is None            # still running
+        c = socket.create_connection(("127.0.0.1", port))  # and still serving
+        c.close()
+        g.proc.send_signal(signal.SIGUSR1)
+        g.wait_line(r"gateway\.clients_accepted +2$", 30)
+    finally:
+        assert g.stop(signal.SIGINT) == 0, g.text()
+    assert "Traceback" not in g.text()
+
+
 def test_the_demo_removes_its_temp_dir_after_a_clean_run(tmp_path: Path) -> None:
     r = run(DEMO + ["--duration", "1", "--ports", "0", "--domain", str(DOMAIN), "--no-color"],
             TMPDIR=str(tmp_path), timeout=120)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
-from typing import Callable, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import ubrb_min as core
 import ubrb_policy
@@ -476,6 +477,28 @@ def log_counters(groups: Dict[str, Dict[str, int]],
                  logger: Optional[logging.Logger] = None) -> None:
     for line in format_counters(groups).splitlines():
         (logger or log).info(line)
+
+
+class CountersOnSignal:
+    """SIGUSR1 (`kill -USR1 PID`): the counters table of a running program, now, in the form the
+    program logs at exit. The handler only sets a flag; the program's loop calls check(), so
+    nothing is logged from inside a signal handler."""
+
+    def __init__(self, groups: Callable[[], Dict[str, Dict[str, int]]],
+                 logger: Optional[logging.Logger] = None) -> None:
+        self.groups = groups
+        self.logger = logger
+        self.wanted = False
+        if hasattr(signal, "SIGUSR1"):
+            signal.signal(signal.SIGUSR1, self._want)
+
+    def _want(self, *_: Any) -> None:
+        self.wanted = True
+
+    def check(self) -> None:
+        if self.wanted:
+            self.wanted = False
+            log_counters(self.groups(), self.logger)
 
 
 def script_parser(prog: str, doc: str) -> Parser:

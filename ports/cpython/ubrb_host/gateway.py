@@ -100,6 +100,11 @@ def run(argv: Optional[List[str]] = None) -> int:
         raise cli.Fatal(f"cannot listen on {args.listen}: {cli.os_problem(e)}")
     signal.signal(signal.SIGINT, server.stop)
     signal.signal(signal.SIGTERM, server.stop)
+
+    def counters() -> Dict[str, Dict[str, int]]:
+        return {"gateway": gw.counters(), "link": link.counters() if link is not None else {}}
+
+    on_usr1 = cli.CountersOnSignal(counters)  # kill -USR1: the table now, while serving
     log.info(
         "UBRB gateway %s listening on %s:%d, link %s",
         core.VERSION,
@@ -118,6 +123,7 @@ def run(argv: Optional[List[str]] = None) -> int:
         now = now_ms()
         if watch is not None:
             watch.check(now)
+        on_usr1.check()
         if ros is not None and now - last_stats[0] >= STATS_PERIOD_MS:
             last_stats[0] = now
             stats = gw.counters()
@@ -127,6 +133,5 @@ def run(argv: Optional[List[str]] = None) -> int:
 
     server.serve(report_stats)
     log.info("stopped")
-    cli.log_counters({"gateway": gw.counters(),
-                      "link": link.counters() if link is not None else {}})
+    cli.log_counters(counters())
     return 0
