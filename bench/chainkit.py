@@ -575,7 +575,7 @@ def _dds_writer_main(a: argparse.Namespace) -> int:
 
     from ros_side.backends.dds import make_qos
     # The very QoS the companion's writer has for the chain's topic (reliable, volatile, depth
-    # 10: KEEP_ALL, XCDR1, ...), so both paths write into DDS the same way.
+    # 10: KEEP_LAST(10), XCDR1, ...), so both paths write into DDS the same way.
     w = DataWriter(participant(), string_topic(a.topic), qos=make_qos(QOS_R, True))
     if not wait_for(lambda: matched(w) > 0, 20.0):
         print("no reader matched", flush=True)

@@ -32,6 +32,16 @@ Errors the companion decides (the gateway could not know them)
                        cannot match (e.g. a reliable subscription vs a best_effort publisher);
                        the message names the policy; at most once per slot per 5 s.
 
+Several worlds, one ``/tf_static``
+    The gateway shares one publisher slot per topic among its clients, so a transient_local
+    writer's latched sample would be the last client's message only. For a transient_local
+    publisher of ``tf2_msgs/msg/TFMessage`` (``/tf_static``, under any name) the companion keeps
+    the union of every transform it was given, the newest per ``child_frame_id``, and publishes
+    that union in place of each message (``TfUnion``): a late ROS node gets every client's static
+    transforms, as if each client were its own static broadcaster (what tf2_ros'
+    StaticTransformBroadcaster does with its own transforms). Bounded: ``TF_UNION_MAX_FRAMES``
+    child frames and the largest message; past either the frames updated longest ago go.
+
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
     (foreign subscribers only) and calls ``ros_sub_count(slot, count)`` when a slot's count differs
@@ -43,6 +53,7 @@ Subscriber counts
 import collections
 import logging
 import os
+import struct
 import threading
 import time
 
@@ -85,11 +96,118 @@ def _warn(key, msg):
     _repeated.warn(key, int(time.monotonic() * 1000), msg)
 
 
+TF_TYPE = "tf2_msgs/msg/TFMessage"
+TF_UNION_MAX_FRAMES = 10000   # child frames a /tf_static union keeps (a robot has tens)
+_LE_HEADER = b"\x00\x01\x00\x00"
+
+
+class TfUnion:
+    """The union of the transforms of every ``tf2_msgs/msg/TFMessage`` given to ``merge``, the
+    newest per ``child_frame_id`` (a later message replaces a child frame's transform in place;
+    new child frames are appended), as XCDR1 CDR (little endian).
+
+    The codec is written out here so that no backend needs tf2_msgs (the rclpy backend runs on
+    a ROS install that may not have the Python package): TFMessage is ``sequence<
+    TransformStamped>``, TransformStamped is ``{Header {Time {int32 sec, uint32 nanosec},
+    string frame_id}, string child_frame_id, Transform {Vector3, Quaternion}: 7 float64}``;
+    alignment counts from the end of the 4-byte encapsulation header. Bounded: at most
+    ``max_frames`` child frames and ``max_bytes`` encoded; past either, the child frames updated
+    longest ago are dropped (``evicted`` counts them).
+    """
+
+    _TIME = struct.Struct("<iI")
+    _XFORM = struct.Struct("<7d")
+
+    def __init__(self, max_bytes, max_frames=TF_UNION_MAX_FRAMES):
+        self.max_bytes = int(max_bytes)
+        self.max_frames = int(max_frames)
+        self.frames = collections.OrderedDict()  # child_frame_id -> (sec, nsec, frame, xform)
+        self.size = 8                            # header + sequence length
+        self.evicted = 0
+
+    @staticmethod
+    def decode(data):
+        """[(sec, nanosec, frame_id, child_frame_id, (7 floats))] of a TFMessage, or None when
+        ``data`` is not one (not XCDR1, truncated, or bytes left over beyond alignment)."""
+        if len(data) < 8 or data[0] != 0 or data[1] not in (0, 1):
+            return None
+        e = "<" if data[1] == 1 else ">"
+        body = memoryview(data)[4:]
+        end = len(body)
+        try:
+            n, = struct.unpack_from(e + "I", body, 0)
+            if n > end // 64:  # each element takes at least 64 bytes
+                return None
+            o = 4
+            out = []
+            for _ in range(n):
+                o += -o % 4
+                sec, nsec = struct.unpack_from(e + "iI", body, o)
+                o += 8
+                strs = []
+                for _ in range(2):
+                    o += -o % 4
+                    ln, = struct.unpack_from(e + "I", body, o)
+                    o += 4
+                    if ln > end - o:
+                        return None
+                    raw = bytes(body[o:o + ln])
+                    o += ln
+                    strs.append(raw[:-1].decode("utf-8") if ln else "")
+                o += -o % 8
+                xf = struct.unpack_from(e + "7d", body, o)
+                o += 56
+                out.append((sec, nsec, strs[0], strs[1], xf))
+        except (struct.error, UnicodeDecodeError):
+            return None
+        if end - o > 7:  # at most the writer's padding to 4 (Fast DDS, our dds backend) or 8
+            return None
+        return out
+
+    @staticmethod
+    def _cost(frame, child):
+        """An upper bound of one element's encoded size (alignment included)."""
+        return 8 + 4 + len(frame.encode()) + 1 + 3 + 4 + len(child.encode()) + 1 + 7 + 56
+
+    def merge(self, data):
+        """The union's CDR once ``data``'s transforms are in it; None if ``data`` is not a
+        TFMessage (then the union is unchanged)."""
+        got = self.decode(data)
+        if got is None:
+            return None
+        frames = self.frames
+        for sec, nsec, frame, child, xf in got:
+            old = frames.pop(child, None)
+            if old is not None:
+                self.size -= self._cost(old[2], child)
+            frames[child] = (sec, nsec, frame, xf)   # the newest goes to the end
+            self.size += self._cost(frame, child)
+        while frames and (len(frames) > self.max_frames or self.size > self.max_bytes):
+            child, old = frames.popitem(last=False)
+            self.size -= self._cost(old[2], child)
+            self.evicted += 1
+        return self.encode()
+
+    def encode(self):
+        out = bytearray(_LE_HEADER)
+        out += struct.pack("<I", len(self.frames))
+        for child, (sec, nsec, frame, xf) in self.frames.items():
+            out += b"\0" * (-(len(out) - 4) % 4)
+            out += self._TIME.pack(sec, nsec)
+            for text in (frame, child):
+                raw = text.encode() + b"\0"
+                out += b"\0" * (-(len(out) - 4) % 4)
+                out += struct.pack("<I", len(raw)) + raw
+            out += b"\0" * (-(len(out) - 4) % 8)
+            out += self._XFORM.pack(*xf)
+        return bytes(out)
+
+
 class _Entity:
     __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
                  "history_charge", "incompatible_seen", "incompatible_last",
-                 "incompatible_policy")
+                 "incompatible_policy", "tf_union")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -109,6 +227,7 @@ class _Entity:
         self.incompatible_seen = 0    # the backend's incompatible-QoS total already reported
         self.incompatible_last = None  # now of the last qos_incompatible report
         self.incompatible_policy = ""  # the policy the backend named last (for /diagnostics)
+        self.tf_union = None        # TfUnion of a transient_local TFMessage publisher
 
 
 class Companion:
@@ -225,6 +344,12 @@ class Companion:
             self.stats["pub_dropped"] += 1
             return
         data = bytes(memoryview(buf)[off:off + n])
+        if ent.tf_union is not None:
+            union = ent.tf_union.merge(data)
+            if union is None:
+                _warn("tf_union", "%r: not a %s, published as it is" % (ent.topic, TF_TYPE))
+            else:
+                data = union
         try:
             self.backend.publish(ent.handle, data)
         except Exception as e:
@@ -325,6 +450,8 @@ class Companion:
                 self._result(kind, slot, "unknown_type", "%s: failed to load: %s" % (ros_type, e))
                 return
             same_kind[topic] = ent
+            if kind == "pub" and ros_type == TF_TYPE and q[1]:
+                ent.tf_union = TfUnion(self._max_message)
             ent.history_charge = charge
             self.history_used += charge
         ent.slots.add(slot)

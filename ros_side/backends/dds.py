@@ -9,9 +9,9 @@ UBRB qos               DDS QoS
 =====================  =======================================================================
 depth N                HISTORY KEEP_LAST(N); N = 0 -> 1 (rmw refuses depth < 1 after
                        mapping RMW_QOS_POLICY_DEPTH_SYSTEM_DEFAULT (0) to 1)
-reliable               RELIABILITY RELIABLE, max_blocking_time = infinite; our *writers* of
-                       reliable volatile topics are KEEP_ALL, max_blocking_time WRITE_BLOCK_S
-                       (backpressure: a burst waits for slow readers, see make_qos)
+reliable               RELIABILITY RELIABLE; readers max_blocking_time infinite (rmw's),
+                       writers WRITE_BLOCK_MS (never reached: a KEEP_LAST writer does not
+                       block, see make_qos)
 best_effort            RELIABILITY BEST_EFFORT
 volatile               DURABILITY VOLATILE
 transient_local        DURABILITY TRANSIENT_LOCAL + DURABILITY_SERVICE(cleanup 0, KEEP_LAST(N),
@@ -104,7 +104,9 @@ FASTDDS_COMPAT_XML = compat_xml()
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
-WRITE_BLOCK_S = 1  # longest a reliable write waits for slow readers (the link stays alive: < 2 s)
+# A reliable writer's max_blocking_time. Our writers are KEEP_LAST, which Cyclone never throttles
+# (see make_qos), so no write waits for it; it bounds what a write could ever cost the loop.
+WRITE_BLOCK_MS = 5
 
 
 def localhost_only(env=None):
@@ -163,18 +165,26 @@ def default_domain(env=None):
 def make_qos(qos, writer, type_hash=None):
     """The DDS QoS rmw_cyclonedds would use for this UBRB qos (see the module docstring)."""
     reliable, transient_local, depth = normalize_qos(qos)
-    # The companion's writer of a reliable volatile topic keeps every sample until each reader
-    # has it (KEEP_ALL; History is not a requested-offered policy, so matching is unchanged):
-    # with KEEP_LAST(depth) a burst from the gateway overwrote samples a slower reader had not
-    # acknowledged yet. Cyclone then throttles write() at its WHC high-water mark, for at most
-    # WRITE_BLOCK_S: the companion's loop waits, the link stops taking, the gateway stops
-    # reading the client - backpressure from the slowest reader to the UBRB client.
-    keep_all = writer and reliable and not transient_local
+    # Writers are KEEP_LAST(depth), as an rclpy publisher with this QoS is (issue 21): a write
+    # never waits for a reader. Cyclone 11.0.1 gives a KEEP_LAST writer watermarks of INT32_MAX
+    # (ddsi_endpoint.c: "why bother blocking for a slow receiver when the entire point of
+    # KEEP_LAST is to keep going"), so write() is never throttled, and a new sample replaces
+    # the oldest one even when a reader has not acknowledged it (dds_whc.c, hdepth > 0). A
+    # reader that stops acknowledging (a killed process, until its lease ends) therefore costs
+    # its own topic at most `depth` samples of history. Before, the writer of a reliable
+    # volatile topic was KEEP_ALL with max_blocking_time 1 s: such a reader filled the writer's
+    # history to Cyclone's high-water mark, then every write blocked 1 s and timed out, and the
+    # companion's loop -- every topic, the link -- stalled until the lease ended (~20 s for a
+    # Fast DDS node). What the bridge accepted reaches the writer; from there it is DDS's
+    # reliability within the history the QoS asks for, exactly as for a native node.
+    # max_blocking_time: rmw_cyclonedds asks for infinity, rmw_fastrtps leaves Fast DDS's
+    # 100 ms, Cyclone's own default is 100 ms; for a KEEP_LAST writer it only applies past
+    # 2 GiB unacknowledged, and then WRITE_BLOCK_MS keeps the loop going (the write fails).
     pols = [
-        Policy.History.KeepAll if keep_all else Policy.History.KeepLast(depth),
-        Policy.Reliability.Reliable(
-            max_blocking_time=duration(seconds=WRITE_BLOCK_S) if keep_all else dds_infinity)
-        if reliable else Policy.Reliability.BestEffort,
+        Policy.History.KeepLast(depth),
+        (Policy.Reliability.Reliable(
+            max_blocking_time=duration(milliseconds=WRITE_BLOCK_MS) if writer else dds_infinity)
+         if reliable else Policy.Reliability.BestEffort),
         Policy.Durability.TransientLocal if transient_local else Policy.Durability.Volatile,
         Policy.Liveliness.Automatic(lease_duration=dds_infinity),
         Policy.DataRepresentation(use_cdrv0_representation=True),

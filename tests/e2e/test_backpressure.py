@@ -31,6 +31,15 @@ os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
 from bench import chainkit as K  # noqa: E402
 
 SIZE = 1024
+# The QoS the bursting clients advertise. Since issue 21 the companion's writers are KEEP_LAST
+# (depth), as an rclpy publisher's: what the bridge accepted reaches the DDS writer, and from
+# there DDS's reliability covers what the writer's history still holds, exactly as for a native
+# node. With depth 10 a 60k msg/s burst outruns a NACK round trip under load (measured: 28 and
+# 1272 of 20,000 lost in 2 of 8 runs; a bare cyclonedds KEEP_LAST(10) writer lost 858), so
+# these clients ask for a history that covers the burst in flight, and the companion's
+# --max-message 65536 keeps its reservation (depth x message) at 64 MiB.
+QOS_BURST = dict(K.QOS_R, depth=1000)
+COMPANION_ARGS = ("--max-message", "65536")
 # Gateway RSS growth allowed during a burst (VmRSS, sampled every 50 ms). A gateway that
 # absorbs the burst in its own queues grows by about the burst's size (20 MiB over UDP, 2 MiB
 # over serial); one that stops reading a client whose reliable traffic the link cannot take
@@ -48,7 +57,7 @@ def session_participant(dp: Any) -> None:
 
 @pytest.fixture
 def udp_chain() -> Any:
-    ch = K.Chain()
+    ch = K.Chain(companion_args=COMPANION_ARGS)
     yield ch
     ch.close()
 
@@ -60,7 +69,7 @@ def burst(chain: Any, topic: str, clients: int, per_client: int, deadline: float
     cs = [K.RawClient(chain.port, "burst%d" % c) for c in range(clients)]
     try:
         for c in cs:
-            c.advertise(1, topic, K.QOS_R)
+            c.advertise(1, topic, QOS_BURST)
         for c in cs:
             assert c.sync(), "no PONG"
         assert K.wait_for(lambda: K.matched(reader) >= 1, 20.0), "the companion never matched"
@@ -119,7 +128,8 @@ def test_2000_reliable_1kib_over_921600_baud_serial_all_arrive_with_flat_memory(
     # gateway that queues instead of pushing back overflows them. With the default pi profile
     # (4 MiB payloads) the reliable ring is 8 MiB and swallows this whole burst, which shows up
     # only as memory growth (+0.8 to +2.0 MiB measured, too noisy to test on).
-    ch = K.Chain(baud=921600, gateway_args=("--max-payload", "65536"))
+    ch = K.Chain(baud=921600, gateway_args=("--max-payload", "65536"),
+                 companion_args=COMPANION_ARGS)
     try:
         r = burst(ch, "/bp/serial", 1, 2000, deadline=28.0)
     finally:
@@ -139,7 +149,7 @@ def test_best_effort_subscriber_keeps_receiving_while_a_publisher_is_blocked(
     a = K.RawClient(udp_chain.port, "flooder")
     b = K.RawClient(udp_chain.port, "listener")
     try:
-        a.advertise(1, flood_topic, K.QOS_R)
+        a.advertise(1, flood_topic, QOS_BURST)
         b.subscribe(7, tick_topic, K.QOS_BE)
         assert a.sync() and b.sync(), "no PONG"
         assert K.wait_for(lambda: K.matched(reader) >= 1 and K.matched(ticker) >= 1, 20.0)

@@ -14,10 +14,18 @@ until every matched reliable reader acknowledged all its samples (test probe, se
 ``test_one_mib_image_both_ways``). ``guids`` {pub, sub} -> {"pub": HEX, "sub": HEX}: the DDS GUIDs
 of the writer of pub slot ``pub`` and the reader of sub slot ``sub`` (dds backend). Events: every GatewaySink call as ``{"ev": "result"|"error"|"message"|"count"|"up", ...}``.
 The loop polls the companion every 10 ms and whenever its wake pipe is readable.
+
+Streams (what a gateway feeding the companion does, generated in this loop so that the test
+measures the companion and not the pipe): ``stream`` {slot, period_ms, size} publishes a
+``std_msgs/msg/String`` ``"<slot>:<n>:xxx…"`` of ``size`` bytes of text on that pub slot every
+``period_ms`` from this loop (``period_ms`` 0 stops it); ``lag`` {reset} -> {"publish_ms": the
+longest ``Companion.publish`` call, "lag_ms": the longest a due stream message waited for the
+loop, "sent": {slot: n}, "pub_errors": n} since the last reset.
 """
 
 import logging
 import os
+import struct
 import sys
 import time
 
@@ -69,6 +77,59 @@ def now_ms():
     return int(time.monotonic() * 1000)
 
 
+def string_cdr(text):
+    """std_msgs/msg/String, little-endian CDR with its encapsulation header."""
+    raw = text.encode()
+    return b"\x00\x01\x00\x00" + struct.pack("<I", len(raw) + 1) + raw + b"\x00"
+
+
+class Streams:
+    """Timed publishes from the loop, and how long the loop kept them waiting."""
+
+    def __init__(self, comp):
+        self.comp = comp
+        self.streams = {}   # slot -> [period_s, size, next due, n]
+        self.reset()
+
+    def reset(self):
+        self.publish_s = self.lag_s = self.poll_s = 0.0
+        self.errors0 = self.comp.stats["pub_errors"]
+        self.sent = {}
+
+    def start(self, slot, period_ms, size):
+        if period_ms <= 0:
+            self.streams.pop(slot, None)
+        else:
+            self.streams[slot] = [period_ms / 1000.0, size, time.monotonic(), 0]
+
+    def timeout(self, longest):
+        if not self.streams:
+            return longest
+        due = min(s[2] for s in self.streams.values())
+        return max(0.0, min(longest, due - time.monotonic()))
+
+    def run(self):
+        for slot, st in list(self.streams.items()):
+            period, size, due, n = st
+            now = time.monotonic()
+            if now < due:
+                continue
+            self.lag_s = max(self.lag_s, now - due)
+            head = "%d:%d:" % (slot, n)
+            data = string_cdr(head + "x" * max(0, size - len(head)))
+            t0 = time.monotonic()
+            self.comp.publish(slot, data, 0, len(data), True)
+            self.publish_s = max(self.publish_s, time.monotonic() - t0)
+            self.sent[slot] = self.sent.get(slot, 0) + 1
+            st[3] = n + 1
+            st[2] = max(due + period, time.monotonic() - period)  # no burst to catch up
+
+    def report(self):
+        return {"publish_ms": round(self.publish_s * 1000, 2), "lag_ms": round(self.lag_s * 1000, 2),
+                "poll_ms": round(self.poll_s * 1000, 2),
+                "sent": self.sent, "pub_errors": self.comp.stats["pub_errors"] - self.errors0}
+
+
 def main():
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -77,9 +138,10 @@ def main():
     comp.start()
     out({"ev": "ready", "backend": backend.name, "distro": comp.distro, "pid": os.getpid()})
     requests = Requests()
+    streams = Streams(comp)
     try:
         while True:
-            reqs, _ = requests.poll(0.01, (comp.wake_fd(),))
+            reqs, _ = requests.poll(streams.timeout(0.01), (comp.wake_fd(),))
             if reqs is None:
                 return
             for req in reqs:
@@ -102,11 +164,21 @@ def main():
                          "pub": comp._pub_slots[req["pub"]].handle.writer.guid.bytes.hex(),
                          "sub": comp._sub_slots[req["sub"]].handle.reader.guid.bytes.hex()})
                     continue
+                elif op == "stream":
+                    streams.start(req["slot"], req["period_ms"], req.get("size", 64))
+                elif op == "lag":
+                    out(dict(streams.report(), re=req["seq"]))
+                    if req.get("reset"):
+                        streams.reset()
+                    continue
                 elif op == "publish":
                     data = bytes.fromhex(req["data"])
                     comp.publish(req["slot"], data, 0, len(data), req.get("reliable", True))
                 out({"re": req["seq"]})
+            streams.run()
+            t0 = time.monotonic()
             comp.poll(now_ms())
+            streams.poll_s = max(streams.poll_s, time.monotonic() - t0)
     finally:
         comp.close()
 

@@ -19,8 +19,9 @@ object a line, each answered by ``{"re": seq, ...}``):
                                                    get_subscriptions_info_by_topic
     {"op": "quit"}
 
-Events, unprompted: ``{"ev": "msg", "id": K, "data": HEX, "decoded": bool}`` for every sample a
-``sub`` endpoint takes (rclpy: raw subscription, then ``deserialize_message`` to check that
+Events, unprompted: ``{"ev": "msg", "id": K, "data": HEX, "decoded": bool, "at": T}`` for every
+sample a ``sub`` endpoint takes (``T``: its ``time.monotonic()`` then, the clock every process of
+the machine shares) (rclpy: raw subscription, then ``deserialize_message`` to check that
 rclpy can decode it), ``{"ev": "incompatible", "id": K, "total": N}`` for a QoS mismatch (rclpy's
 incompatible-QoS event). Everything runs on one thread: select on stdin, then spin / take.
 """
@@ -28,6 +29,7 @@ incompatible-QoS event). Everything runs on one thread: select on stdin, then sp
 import importlib
 import os
 import sys
+import time
 
 from jsonlines import Requests, out  # beside this script
 
@@ -82,7 +84,8 @@ class RclpyPeer:
                     ok = True
                 except Exception:
                     ok = False
-                out({"ev": "msg", "id": k, "data": data.hex(), "decoded": ok})
+                out({"ev": "msg", "id": k, "data": data.hex(), "decoded": ok,
+                     "at": time.monotonic()})
             e = self.node.create_subscription(
                 cls, topic, on_msg, self.profile(qos), raw=True,
                 event_callbacks=self.SubEv(incompatible_qos=incompatible))
@@ -192,8 +195,6 @@ class CyclonePeer:
         raise RuntimeError("graph: rclpy peers only")
 
     def spin(self):
-        import time
-
         from cyclonedds._clayer import ddspy_take
         for k, (kind, e, _) in list(self.ents.items()):
             if kind != "sub":
@@ -203,7 +204,8 @@ class CyclonePeer:
                 continue
             for data, info in got:
                 if info.valid_data:
-                    out({"ev": "msg", "id": k, "data": data.hex(), "decoded": True})
+                    out({"ev": "msg", "id": k, "data": data.hex(), "decoded": True,
+                         "at": time.monotonic()})
         time.sleep(0.002)
 
     def close(self):

@@ -284,3 +284,83 @@ def test_a_take_batch_during_poll_still_finds_the_held_queue_full():
             break
     assert sink.got == [b"\0\1\0\0m%03d" % i for i in range(200)]  # every one, in order
     assert c.stats["queue_drops"] == 0 and b.resumed >= 1
+
+
+# -- /tf_static from several clients: the union (issue 21, item 2) --------------------------------
+def _tf(*frames, be=False):
+    """A TFMessage CDR (rosbags' encoder) of (parent, child, x) transforms."""
+    from rosbags.typesys import Stores, get_typestore
+    st = get_typestore(Stores.ROS2_KILTED)
+    T, G = st.types, "geometry_msgs/msg/"
+    msgs = [T[G + "TransformStamped"](
+        header=T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=7, nanosec=9),
+                                        frame_id=parent),
+        child_frame_id=child,
+        transform=T[G + "Transform"](translation=T[G + "Vector3"](x=x, y=-1.5, z=0.25),
+                                     rotation=T[G + "Quaternion"](x=0.0, y=0.0, z=0.6, w=0.8)))
+        for parent, child, x in frames]
+    msg = T["tf2_msgs/msg/TFMessage"](transforms=msgs)
+    if be:
+        return bytes(st.serialize_cdr(msg, "tf2_msgs/msg/TFMessage", little_endian=False))
+    return bytes(st.serialize_cdr(msg, "tf2_msgs/msg/TFMessage"))
+
+
+def _frames(cdr):
+    from rosbags.typesys import Stores, get_typestore
+    st = get_typestore(Stores.ROS2_KILTED)
+    m = st.deserialize_cdr(cdr, "tf2_msgs/msg/TFMessage")
+    return [(t.header.frame_id, t.child_frame_id, t.transform.translation.x) for t in m.transforms]
+
+
+def test_tf_static_publishes_the_union_of_every_message_newest_per_child_frame(sink):
+    b = FakeBackend()
+    c = Companion(b, sink, max_message=1 << 16, diagnostics_period_ms=0)
+    latched = {"reliability": "reliable", "durability": "transient_local", "depth": 1}
+    c.advertise(1, "/tf_static", "tf2_msgs/msg/TFMessage", latched)
+    for m in (_tf(("base", "laser", 1.0), ("base", "camera_with_a_long_name", 2.0)),  # world 1
+              _tf(("map", "robot2", 3.0)),                                              # world 2
+              _tf(("map", "robot3", 4.0), be=True),                                     # world 3
+              _tf(("base", "laser", 5.0))):                     # world 1 moves its laser
+        c.publish(1, m, 0, len(m), True)
+    got = [_frames(d) for _, d in b.published]
+    assert got[1] == [("base", "laser", 1.0), ("base", "camera_with_a_long_name", 2.0),
+                      ("map", "robot2", 3.0)]
+    assert got[-1] == [("base", "camera_with_a_long_name", 2.0), ("map", "robot2", 3.0),
+                       ("map", "robot3", 4.0), ("base", "laser", 5.0)]
+    # the encoder is rosbags' byte for byte (little endian; what a ROS node decodes)
+    assert b.published[-1][1] == _tf(("base", "camera_with_a_long_name", 2.0),
+                                     ("map", "robot2", 3.0), ("map", "robot3", 4.0),
+                                     ("base", "laser", 5.0))
+    # not a TFMessage: published as it is, the union unchanged
+    c.publish(1, b"\x00\x01\x00\x00junk", 0, 8, True)
+    assert b.published[-1][1] == b"\x00\x01\x00\x00junk"
+    assert c._pubs["/tf_static"].tf_union.decode(b"\x00\x01\x00\x00junk") is None
+    # volatile TFMessage (/tf) and other latched types pass through untouched
+    c.advertise(2, "/tf", "tf2_msgs/msg/TFMessage", QOS_R)
+    c.advertise(3, "/latched", "std_msgs/msg/String", latched)
+    one = _tf(("odom", "base", 1.0))
+    c.publish(2, one, 0, len(one), True)
+    c.publish(3, one, 0, len(one), True)
+    assert [d for _, d in b.published[-2:]] == [one, one]
+    # released with the entity: a new registration starts empty
+    c.unadvertise(1)
+    c.advertise(1, "/tf_static", "tf2_msgs/msg/TFMessage", latched)
+    c.publish(1, one, 0, len(one), True)
+    assert _frames(b.published[-1][1]) == [("odom", "base", 1.0)]
+
+
+def test_tf_static_union_is_bounded():
+    from ros_side.companion import TfUnion
+    u = TfUnion(max_bytes=1 << 20, max_frames=3)
+    for i in range(5):
+        u.merge(_tf(("base", "f%d" % i, float(i))))
+    assert [c for _, c, _ in _frames(u.encode())] == ["f2", "f3", "f4"] and u.evicted == 2
+    small = TfUnion(max_bytes=400)
+    for i in range(10):
+        out = small.merge(_tf(("base", "g%d" % i, float(i))))
+        assert len(out) <= 400
+    assert len(_frames(out)) == len(small.frames) < 10
+    # truncated or padded input
+    one = _tf(("a", "b", 1.0))
+    assert TfUnion.decode(one[:-1]) is None and TfUnion.decode(one + b"\0\0\0") is not None
+    assert TfUnion.decode(one[:2]) is None

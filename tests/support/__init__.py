@@ -11,6 +11,9 @@
   processes (DDS confined to loopback), ``wait_for`` polling.
 - ``dds``: DDS confined to loopback for this process.
 - ``ros_idl``: hand-written IDL types of a few ROS messages, for an independent DDS participant.
+- ``ros_msgs``: message packages the Kilted wheels lack (tf2_msgs), generated with the wheels'
+  rosidl generators and compiled for .venv-ros (``ensure_tf2_msgs``; ``ros_procs.ros_env`` uses
+  the build).
 - ``netguard``: proof that a program's addresses stay on this machine: a child process's every
   connect/sendto/bind recorded and, off loopback, refused (``loopback_guard/sitecustomize.py``,
   always available), or the program run in a network namespace with only ``lo`` (``unshare -rn``).

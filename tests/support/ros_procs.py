@@ -7,6 +7,9 @@ so ROS processes are started with that venv's own ``python`` (shared/design/ROS-
 Without it the real-ROS tests fail (in CI: ``make test`` builds it) unless UBRB_SKIP_ROS=1 says
 to skip them, for a quick local run.
 
+Message packages the wheels lack (tf2_msgs): ``tests.support.ros_msgs.ensure_tf2_msgs()`` builds
+them; ``ros_env()`` then puts them on PYTHONPATH and LD_LIBRARY_PATH.
+
 Loopback only: every process gets ``ros_env()``: Fast DDS with the profile in
 ``fastdds_loopback.xml`` (builtin transports off, one UDPv4 transport whitelisted to 127.0.0.1);
 Cyclone with the loopback CYCLONEDDS_URI of ``tests.support.dds``. ``ROS_AUTOMATIC_DISCOVERY_RANGE`` is
@@ -59,6 +62,10 @@ def ros_env(domain=TEST_DOMAIN, **extra):
     env.pop("ROS_LOCALHOST_ONLY", None)
     env.pop("ROS_AUTOMATIC_DISCOVERY_RANGE", None)
     env.pop("RMW_IMPLEMENTATION", None)
+    from tests.support import ros_msgs   # message packages built for .venv-ros (tf2_msgs)
+    if ros_msgs.available():
+        for var, path in (("PYTHONPATH", ros_msgs.PYTHON_DIR), ("LD_LIBRARY_PATH", ros_msgs.LIB_DIR)):
+            env[var] = os.pathsep.join(p for p in (path, env.get(var, "")) if p)
     env.update(extra)
     return env
 
