@@ -257,3 +257,13 @@ def test_gateway_unopenable_link_and_companion_unopenable_link_share_exit_1() ->
         s.close()
     one_line(run([PY, "-S", "ubrb_min.py", "--link", "serial:/dev/ttyUSB9", "-q"]), 1,
              "ubrb_min.py: cannot open link serial:/dev/ttyUSB9", "needs pyserial")
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "/dev/null"], ids=["a-file", "not-a-tty"])
+def test_a_path_that_is_no_serial_device_is_one_line_and_exit_1(path: str) -> None:
+    # issue 22: a device not there yet is waited for (hot-plug, a line every few seconds:
+    # test_quiet_keeps_warnings_only_and_verbose_adds_debug); a path that is there but no serial
+    # device never becomes one: the gateway and the companion say so and stop
+    for argv in (GATEWAY + ["--listen", "127.0.0.1:0"], COMPANION + ["--backend", "dds"]):
+        one_line(run(argv + ["--link", "serial:" + path, "-q"]), 1,
+                 "cannot open link serial:%s" % path, "%s is not a serial device" % path)

@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import socket
+import stat
 import sys
 from typing import Any, Dict, Optional, Tuple
 
@@ -243,9 +244,18 @@ class SerialTransport:
             raise RuntimeError(
                 "--link serial: needs pyserial (pip install pyserial); UDP links need nothing"
             ) from None
+        # A device that is not there yet may be plugged in (the driver waits, saying so every
+        # few seconds); a path that is there but is no serial device never becomes one.
+        not_serial = RuntimeError(
+            "%s is not a serial device: give the device (e.g. /dev/ttyACM0, or one of "
+            "/dev/serial/by-id/) or a pyserial URL" % path)
+        if "://" not in path and os.path.exists(path) and not stat.S_ISCHR(os.stat(path).st_mode):
+            raise not_serial
         try:
             self.open()
         except Exception as e:  # not plugged in yet: the driver keeps retrying
+            if getattr(e, "errno", None) == errno.ENOTTY or "Inappropriate ioctl" in str(e):
+                raise not_serial from None  # a character device, but no tty (/dev/null)
             log.warning("link: cannot open %s yet (%s); retrying every %.1f s", path,
                         serial_problem(e), REOPEN_MS / 1000)
 
