@@ -70,6 +70,7 @@ def measure_micropython(count: int):
         "const mp = await loadMicroPython({stdout:(l)=>process.stdout.write(l+'\\n')});\n"
         "mp.FS.mkdir('/lib');\n"
         "mp.FS.writeFile('/lib/ubrb_min.py', fs.readFileSync('ubrb_min.py'));\n"
+        "mp.FS.writeFile('/lib/ubrb_setup.py', fs.readFileSync('ubrb_setup.py'));\n"
         "mp.FS.writeFile('/lib/relay_paths.py', fs.readFileSync('bench/relay_paths.py'));\n"
         "mp.runPython(fs.readFileSync(0, 'utf8'));\n"
     )
