@@ -1793,6 +1793,17 @@ def _lk_crc(buf, off, n, seed):
     return _lk_crc32(memoryview(buf)[off:off + n], seed)
 
 
+# binascii.crc32 takes a whole buffer (no offset, no length), so the CRC of tx_buf[0:L - 4]
+# needs an object whose length is L - 4: a memoryview slice is a new one per frame (16 bytes
+# on a 32-bit port, 32 on 64-bit). MicroPython 1.26 and later build the slice of b[i:] = x on the
+# stack for a bytearray (py/vm.c, MP_BC_BUILD_SLICE), and resize it within its allocation in
+# place (py/objarray.c: a shrink keeps the block, a growth within it moves nothing): so
+# LinkSession._seal shrinks tx_buf to the frame, takes crc32 of the whole object and grows it
+# back with a memoryview of itself (a memmove onto itself). CPython: a view is cheap there, and
+# a bytearray with an exported view cannot be resized.
+_LK_RESIZE = IS_MICROPYTHON and sys.implementation.version >= (1, 26)
+
+
 def lk_replayed(win, seq, d):
     """The anti-replay window (as IPsec's) of the best-effort frames and of a keyed link's frame
     counters: `win` is [highest seq seen, mask], bit i of the mask is seq highest-1-i; `d` is how
@@ -2010,6 +2021,8 @@ class LinkSession:
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
         self.rx = bytearray(0 if datagram else 2 * max_frame)  # stream mode only
+        self.rx_mv = memoryview(self.rx)  # frames reassembled there are checked through it,
+        self.in_buf = self.in_mv = None   # ... and those in the driver's buffer through this
         self.rx_n = 0
         self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
         # record header being parsed: type, slot, length (varints)
@@ -2289,10 +2302,20 @@ class LinkSession:
     def _seal(self, L, seed, now):
         if self.mac is not None:
             self.mac.seal(self.tx_buf, self.tx_mv, L)
-        # On MicroPython the slice (16 B) and, 3 times in 4, the CRC value (a big int,
-        # 32 B) are the only allocations of a sent frame; pack_into takes the big int
-        # as is (c & 0xFF etc. would each allocate another one).
-        struct.pack_into("<I", self.tx_buf, L - 4, _lk_crc32(self.tx_mv[0:L - 4], seed))
+        # The CRC over bytes 0 ... L-5 without a view of them (see _LK_RESIZE): tx_buf shrunk
+        # to L-4 bytes (the rest is zeroed: nothing of this frame is there), crc32 of the
+        # whole object, tx_buf back to max_frame bytes with its content. On a 32-bit port
+        # the CRC value is >= 2**30 (a big int, 32 B) 3 times in 4: binascii.crc32 returns
+        # the whole value, the only allocation of a sent frame there; pack_into takes the
+        # big int as is (c & 0xFF etc. would each allocate another one).
+        b = self.tx_buf
+        if _LK_RESIZE:
+            b[L - 4:] = b""
+            c = _lk_crc32(b, seed)
+            b[0:] = self.tx_mv
+        else:
+            c = _lk_crc32(self.tx_mv[0:L - 4], seed)
+        struct.pack_into("<I", b, L - 4, c)
         self.last_tx = now
         # repeat a fresh ack once if nothing else follows it (a lost pure ACK would otherwise
         # stall the sender until its RTO); any later frame carries the ack and cancels that
@@ -2513,7 +2536,7 @@ class LinkSession:
             if end - p < L:
                 return p
             kind = ctl & 15
-            if _lk_crc(b, p, L, 0 if kind == LK_HELLO else self.seed) != LK_RESIDUE:
+            if self._crc(b, p, L, 0 if kind == LK_HELLO else self.seed) != LK_RESIDUE:
                 self.stat_counts[_LKC_CRC_ERR] += 1
                 p += 1
                 continue
@@ -2521,6 +2544,27 @@ class LinkSession:
                 self._frame(b, p, L, ctl)
             p += L
         return p
+
+    def _crc(self, b, p, n, seed):
+        # CRC-32 of b[p:p + n] (the check compares it with LK_RESIDUE: a small int). A frame
+        # that is its whole buffer (a datagram) needs no view; one inside a longer buffer does
+        # (binascii.crc32 takes no offset): a slice of a view of that buffer made once, so a
+        # frame costs one object (16 B on a 32-bit port), not a view and a slice of it. A
+        # stream session is fed the driver's read buffer (on MicroPython always the same one)
+        # and reassembles in its own rx. Not kept: a view of a datagram (a new object each
+        # time, rarely of two frames) or on CPython (it would forbid resizing the buffer, and
+        # a new one is cheap there).
+        if p == 0 and n == len(b):
+            return _lk_crc32(b, seed)
+        if b is self.rx:
+            return _lk_crc32(self.rx_mv[p:p + n], seed)
+        if self.datagram or not IS_MICROPYTHON:
+            return _lk_crc32(memoryview(b)[p:p + n], seed)
+        mv = self.in_mv
+        if b is not self.in_buf or len(mv) != len(b):  # (a resized buffer: a new view)
+            mv = self.in_mv = memoryview(b)
+            self.in_buf = b
+        return _lk_crc32(mv[p:p + n], seed)
 
     def _frame(self, b, p, L, ctl):
         now = self.now
@@ -3000,6 +3044,7 @@ class LinkRosPort:
         self._log = log
         self.ratelog = RateLog(self._logger)
         self._stats = {}          # the counters the companion last got (send_stats)
+        self._stats_lx = {}       # ... and the link's, by their own name (sent as link_<name>)
         self.stats_at = -_LK_STATS_MAX_MS  # when they went (ms)
         self.stats_gap = 0        # line time budget: no stats before stats_at + stats_gap
         self.stats_from = 0       # where the next record starts among the counters
@@ -3104,12 +3149,18 @@ class LinkRosPort:
                     self.sink.ros_error("pub", slot, "link_congested",
                                         "link send buffer full; reliable message dropped")
 
-    def send_stats(self, d):
+    def send_stats(self, d, link=None):
         """Offer the gateway's counters `d` for the companion's /diagnostics (ports call this
-        about once a second). Only the counters that changed since the last record go, only
-        when the link has nothing else queued (or has not sent stats for _LK_STATS_MAX_MS), and
-        on a paced line no more than 1/_LK_STATS_SHARE of its time: a stats frame cannot be
-        interrupted, and every message behind it waits its whole line time. True when sent."""
+        about once a second), and `link`'s (LinkDriver.counters()) as link_<name>. Only the
+        counters that changed since the last record go, only when the link has nothing else
+        queued (or has not sent stats for _LK_STATS_MAX_MS), and on a paced line no more than
+        1/_LK_STATS_SHARE of its time: a stats frame cannot be interrupted, and every message
+        behind it waits its whole line time. True when sent.
+
+        The port hands the link's counters over as they are: merged into `d` by the port, each
+        of them made a link_<name> string and a dict entry every second; here only the changed
+        ones get their name. On MicroPython the JSON text is sent from the str (a view of it),
+        not copied into bytes first."""
         self._retry_releases()
         s = self.s
         now = s.now
@@ -3118,37 +3169,55 @@ class LinkRosPort:
         if (s.rel_queued or s.be_n) and now - self.stats_at < _LK_STATS_MAX_MS:
             return False
         last = self._stats
+        lastl = self._stats_lx
         ch = {}
         # On a paced line a record carries at most LK_STATS_CHUNK bytes of counters, so a
         # message behind it waits ~10 ms, not a whole frame; the rest follow in later records,
         # resuming where this one stopped so that every counter gets its turn.
         keys = list(d)
-        n = len(keys)
+        nd = len(keys)
+        lkeys = list(link) if link is not None else keys
+        n = nd + (len(lkeys) if link is not None else 0)
         cap = LK_STATS_CHUNK if s.line_bps else 0
         size = 2
         j = 0
         while j < n:
-            k = keys[(self.stats_from + j) % n]
-            v = d[k]
+            i = (self.stats_from + j) % n
             j += 1
-            if last.get(k) == v:
-                continue
+            if i < nd:
+                k = keys[i]
+                v = d[k]
+                if last.get(k) == v:
+                    continue
+            else:
+                k = lkeys[i - nd]
+                v = link[k]
+                if lastl.get(k) == v:
+                    continue
             if cap:
-                size += len(k) + len(str(v)) + 4
+                size += len(k) + len(str(v)) + (4 if i < nd else 9)
                 if size > cap and ch:
                     j -= 1
                     break
-            ch[k] = v
+            if i < nd:
+                ch[k] = v
+            else:
+                lastl[k] = v          # (all of them forgotten if the record is not sent)
+                ch["link_" + k] = v
         self.stats_from = (self.stats_from + j) % n if n else 0
         if not ch:
             return False
         try:
-            b = json.dumps(ch, separators=(",", ":")).encode()
+            b = json.dumps(ch, separators=(",", ":"))
         except TypeError:  # a MicroPython without separators=
-            b = link_record_body(ch)
+            b = json.dumps(ch)
+        b = memoryview(b) if IS_MICROPYTHON else b.encode()
         if s.send(LK_T_STATS, LK_STATS_SLOT, b, 0, len(b), False, False) != LK_OK:
+            self._stats_lx = {}
             return False
-        last.update(ch)
+        for k in keys:
+            if k in ch:
+                last[k] = ch[k]
         self.stats_at = now
         n = len(b) + LK_OVH + LK_RHDR_MAX
         self.stats_gap = n * 1000 * _LK_STATS_SHARE // s.line_bps if s.line_bps else 0
@@ -3184,6 +3253,7 @@ class LinkRosPort:
         self.had_session = True
         if fresh:
             self._stats = {}          # a new companion gets every counter
+            self._stats_lx = {}
 
     def link_down(self):
         self.link_is_up = False

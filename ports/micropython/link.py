@@ -14,14 +14,31 @@
 #                            (timeout=0). Writes are paced to the line rate (baud/10 bytes/s).
 #
 # Hot-path notes (MicroPython):
-#   * UART: readinto(rbuf) into one buffer allocated here, write(tx_buf, off, n): no allocation.
-#   * UDP receive uses recv(max_frame), which allocates one bytes object per datagram (~ its
-#     size: a 16-byte header + the data rounded up to 16). A one-entry poll says whether a
-#     datagram is waiting, so no recv() ends in an OSError(EAGAIN) (an exception object). MicroPython sockets have no recv_into/recvfrom_into, and readinto() on a socket
-#     loops until the buffer is full or EAGAIN (py/stream.c: mp_stream_read_exactly), so
-#     several queued datagrams would be concatenated and the one that no longer fits would be
-#     truncated by the stack: a lost frame on every full read under load (and go-back-N resends
-#     the whole window after it). One short-lived object per datagram is the lesser evil.
+#   * UART: readinto(rbuf) into one buffer allocated here (machine.UART binds readinto to the
+#     stream's read-once form, extmod/machine_uart.c), write(tx_buf, off, n): no allocation.
+#   * UDP receive uses recv(max_frame): one bytes object per datagram, the only allocation of a
+#     relay through this port (16 bytes + the data rounded up to 16 on a 32-bit port; 48 + that
+#     on the 64-bit unix port: tests/link/test_link_alloc.py). A one-entry poll says whether a
+#     datagram waits, so no recv() ends in an OSError(EAGAIN) (an exception object).
+#     No stock port reads one datagram into a buffer of ours (MicroPython 1.29 sources):
+#     - sockets have no recv_into/recvfrom_into; recv() makes the object (ports/unix/modsocket.c
+#       socket_recv: m_new + mp_obj_new_str_of_type; ports/esp32/modsocket.c _socket_recvfrom
+#       and extmod/modlwip.c lwip_socket_recv_common, the RP2040's: vstr_init_len of the size
+#       asked, then mp_obj_new_bytes_from_vstr);
+#     - readinto() is mp_stream_readinto_obj on every socket type (unix modsocket.c, esp32
+#       modsocket.c, modlwip.c, extmod/modsocket.c): py/stream.c mp_stream_rw without
+#       MP_STREAM_RW_ONCE, which reads again while room is left and stops only at EAGAIN, an
+#       error or a 0-byte read. Several queued datagrams are concatenated, and the one that no
+#       longer fits is cut by the stack and its rest discarded (modlwip.c lwip_raw_udp_receive:
+#       pbuf_copy_partial of at most the room, then pbuf_free; read(2) on the unix port). The
+#       frames are self-delimiting, so the concatenation itself would parse; the cut one is a
+#       lost frame, and a room that no cut can reach would have to hold whatever the stack
+#       queues while the loop runs: modlwip's 4-slot queue is refilled between its reads, an
+#       ESP32's lwIP task fills its mailbox concurrently, Linux queues ~200 KiB. Under
+#       load (acknowledgements between full frames) cuts would be the rule, each a go-back-N
+#       of the whole window. The read-once readinto1 exists (py/stream.c) but no socket type
+#       binds it.
+#     One short-lived object per datagram is the lesser evil.
 #
 # Transports expose: datagram, stream (the object to register with select.poll, or None),
 # recv() -> bytes or None (datagram), readinto(buf) -> n (stream; 0: nothing now),

@@ -452,11 +452,7 @@ class GatewayLoop:
         ros = self.ros
         if ros is None or not ros.s.is_up():
             return
-        stats = self.gw.counters()
-        lc = self.link.counters()
-        for k in lc:
-            stats["link_" + k] = lc[k]
-        ros.send_stats(stats)
+        ros.send_stats(self.gw.counters(), self.link.counters())  # the link's as link_<name>
 
     def close(self):
         for ci in range(len(self.socks)):

@@ -197,6 +197,57 @@ def test_stats_send_only_changes_within_a_line_budget():
     assert not set(first) & set(second)
 
 
+def linked(d, link):
+    """What a STATS record of send_stats(d, link) stands for: d, and link's as link_<name>."""
+    want = dict(d)
+    for k in link:
+        want["link_" + k] = link[k]
+    return want
+
+
+def test_stats_carry_the_link_counters_as_link_names():
+    # send_stats(d, link): the port hands over the link's counters as they are (no merged dict,
+    # no link_<name> string for each of them every second); the companion gets what the merged
+    # dict used to be, and later only what changed
+    p, g, c, port, sink = up_pair()
+    d = {"clients": 2, "ros_ready": True, "frames_in": 12345}
+    lc = g.counters()
+    assert port.send_stats(d, lc)
+    p.run(20)
+    assert sink[-1][0] == U.LK_T_STATS
+    got = U.link_record_json(sink[-1][1], 0, len(sink[-1][1]))
+    assert got == linked(d, lc) and len(got) == len(d) + len(lc)
+    p.run(1000)
+    d["frames_in"] += 1
+    lc = g.counters()
+    assert port.send_stats(d, lc)
+    p.run(20)
+    got = U.link_record_json(sink[-1][1], 0, len(sink[-1][1]))
+    want = linked(d, lc)
+    for k in got:
+        assert got[k] == want[k], k
+    assert got["frames_in"] == 12346 and "clients" not in got
+    assert "link_tx_frames" in got and "link_up" not in got  # only what changed
+    # a record that could not be sent: the link's counters all go again in the next one
+    g.peer_epoch = 0
+    assert not port.send_stats({}, {"io_err": 1})
+    g.peer_epoch = c.epoch
+    assert port.send_stats({}, lc)
+    p.run(20)
+    assert len(U.link_record_json(sink[-1][1], 0, len(sink[-1][1]))) == len(lc)
+    # a paced line: records of at most LK_STATS_CHUNK bytes take turns over both dicts
+    g.line_bps = 11520
+    port.link_up(True)  # a new companion: every counter again
+    seen = {}
+    for _ in range(40):
+        p.run(port.stats_gap + 1)
+        if port.send_stats(d, lc):
+            p.run(20)
+            assert len(sink[-1][1]) <= U.LK_STATS_CHUNK
+            seen.update(U.link_record_json(sink[-1][1], 0, len(sink[-1][1])))
+    assert seen == linked(d, lc)
+
+
 def test_rto_floor_covers_a_whole_frame_each_way_on_a_paced_line():
     p, g, c, port, sink = up_pair()
     U.LinkOutput(g, 11520)                    # what a port's driver does on a 115200 line

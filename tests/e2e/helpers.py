@@ -160,9 +160,7 @@ class LinkBridge(Bridge):
         now = time.monotonic()
         if now - self._last_stats >= 1.0:
             self._last_stats = now
-            stats = self.gw.counters()
-            stats.update({"link_" + k: v for k, v in self.driver.counters().items()})
-            self.ros.send_stats(stats)
+            self.ros.send_stats(self.gw.counters(), self.driver.counters())
         return False
 
     def start_companion(self) -> None:

@@ -126,9 +126,7 @@ def run(argv: Optional[List[str]] = None) -> int:
         on_usr1.check()
         if ros is not None and now - last_stats[0] >= STATS_PERIOD_MS:
             last_stats[0] = now
-            stats = gw.counters()
-            stats.update({"link_" + k: v for k, v in link.counters().items()})
-            ros.send_stats(stats)
+            ros.send_stats(gw.counters(), link.counters())  # the link's as link_<name>
         return False
 
     server.serve(report_stats)

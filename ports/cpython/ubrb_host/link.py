@@ -101,6 +101,9 @@ class UdpTransport:
         # b_n datagrams of b_seg bytes (the last may be shorter) in batch[:b_fill].
         linux = sys.platform.startswith("linux") and hasattr(self.sock, "sendmsg")
         self.batch: Optional[bytearray] = bytearray(65536) if linux else None
+        # written through a view: bytearray[i:j] = memoryview would first copy the frame into
+        # a new bytearray (CPython's bytearray_ass_subscript takes only a bytearray as is)
+        self.batch_mv = memoryview(self.batch) if self.batch is not None else None
         self.b_fill = 0
         self.b_n = 0
         self.b_seg = 0
@@ -152,7 +155,8 @@ class UdpTransport:
                 return 0  # the socket is full: this frame waits for the next flush
         if self.b_n == 0:
             self.b_seg = n
-        self.batch[self.b_fill : self.b_fill + n] = memoryview(buf)[off : off + n]
+        assert self.batch_mv is not None
+        self.batch_mv[self.b_fill : self.b_fill + n] = memoryview(buf)[off : off + n]
         self.b_fill += n
         self.b_n += 1
         if n < self.b_seg:
@@ -186,7 +190,7 @@ class UdpTransport:
                 if e.errno in _GSO_REFUSED:
                     log.info("link: UDP segmentation offload refused (%s): one send per frame",
                              os.strerror(e.errno or 0))
-                    self.batch = None
+                    self.batch = self.batch_mv = None
                 for p in range(0, self.b_fill, self.b_seg):
                     k = min(self.b_seg, self.b_fill - p)
                     self._send(data, p, k, to)
@@ -284,6 +288,9 @@ class SerialTransport:
         return self.fd if self.ser is not None else -1
 
     def read_into(self, buf: bytearray) -> int:
+        # A device with a descriptor (a tty, a pty, socket://) is read straight into buf. The
+        # others (rfc2217://, loop://) only have pyserial's read(), which makes a bytes object
+        # (its readinto() is read() plus a copy, serialutil.py); copied in through a view.
         if self.fd >= 0:
             try:
                 n = os.readv(self.fd, [buf])
@@ -296,7 +303,7 @@ class SerialTransport:
         if not k:
             return 0
         data = self.ser.read(min(k, len(buf)))
-        buf[: len(data)] = data
+        memoryview(buf)[: len(data)] = data  # (buf[:n] = bytes would copy it once more)
         return len(data)
 
     def write(self, buf: bytearray, off: int, n: int) -> int:
@@ -305,7 +312,7 @@ class SerialTransport:
                 return os.write(self.fd, memoryview(buf)[off : off + n])
             except (BlockingIOError, InterruptedError):
                 return 0
-        return self.ser.write(bytes(buf[off : off + n])) or 0
+        return self.ser.write(memoryview(buf)[off : off + n]) or 0
 
     def push(self) -> bool:
         return True  # every write() went straight to the device
