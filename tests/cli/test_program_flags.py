@@ -22,6 +22,7 @@ from tests.cli.helpers import (CLIENT, COMPANION, DEMO, DOMAIN, GATEWAY, LATENCY
                                one_line, run)
 from tests.support.loopback_ports import free_port
 from tests.support.procs import ROOT, Proc
+from tests.support.raw_client import RawClient
 
 BENCHES = [[PY, "bench/link_efficiency.py"], [PY, "bench/core_relay.py"]]
 PROGRAMS = [GATEWAY, COMPANION, CLIENT, CLIENT + ["echo"], DEMO, LATENCY,
@@ -120,7 +121,9 @@ def test_sigusr1_logs_the_counters_table_while_it_keeps_serving(argv: List[str])
         g.proc.send_signal(signal.SIGUSR1)
         g.wait_line(r"gateway\.clients_accepted +1$", 30)
         assert g.proc.poll() is None            # still running
-        c = socket.create_connection(("127.0.0.1", port))  # and still serving
+        c = RawClient(port)                   # and still serving: a second client is
+        c.hello()                             # answered before the next table is asked for
+        c.expect(U.OP_HELLO_ACK)
         c.close()
         g.proc.send_signal(signal.SIGUSR1)
         g.wait_line(r"gateway\.clients_accepted +2$", 30)
