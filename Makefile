@@ -6,7 +6,8 @@
 #   make typecheck  mypy on the dirs of TYPECHECK_PATHS that exist
 #   make mpy        compile ubrb_min.py with mpy-cross into build/ and print its size
 #   make fuzz       the wire fuzzers for longer than CI does (FUZZ_SECONDS=120 each, new seeds)
-#   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269   precompile + copy to a board
+#   make deploy PORT=/dev/ttyUSB0 LINK=udp://192.0.2.10:8269 DEPLOY_ARGS="--link-key link.key"
+#                   precompile + copy to a board (LINK and DEPLOY_ARGS checked first)
 #   make deploy-check  the same layout into build/deploy, started under the unix port (168 KiB heap)
 #                   ROMFS=1 with either: the modules as one ROMFS image run in place (firmware with
 #                   ROMFS; deploy-check: 128 KiB)

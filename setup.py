@@ -48,6 +48,8 @@ setup(
     license="Apache-2.0",
     tests_require=["pytest"],
     # ubrb-gateway: the gateway (what `python ubrb_min.py` and `python -m ubrb_min` start)
-    entry_points={"console_scripts": ["ros_side = ros_side.__main__:main",
-                                      "ubrb-gateway = ubrb_host.gateway:main"]},
+    # (both through a function of the package's light __init__: a Ctrl-C while the program loads
+    # is a quiet exit 130, not a traceback of the command's own import)
+    entry_points={"console_scripts": ["ros_side = ros_side:main",
+                                      "ubrb-gateway = ubrb_host:gateway_main"]},
 )

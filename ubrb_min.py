@@ -10,16 +10,6 @@
 #     >= 2**30 are heap objects on 32-bit MicroPython; no tuples, kwargs, closures or exceptions;
 #   * every buffer and table is allocated in a constructor from the profile and never grows.
 import sys
-import json
-import struct
-from array import array
-
-try:  # const(): inlined by MicroPython's compiler (no global looked up at run time); CPython: as is
-    from micropython import const
-except ImportError:
-
-    def const(x):  # type: ignore[no-redef]
-        return x
 
 # ---------------------------------------------------------------------------------------------
 # Launcher: `python ubrb_min.py ...` / `micropython ubrb_min.py ...` start the gateway port of the
@@ -30,7 +20,11 @@ except ImportError:
 # (where __name__ == "ubrb_min") skips this block and defines the core. Placed here, the block
 # hands over to the port and exits before the `__main__` copy defines anything, so the core exists
 # once, as `ubrb_min`, on both runtimes - no sys.modules aliasing (MicroPython does not even
-# register `__main__` in sys.modules), no second set of classes or buffers.
+# register `__main__` in sys.modules), no second set of classes or buffers. It comes before the
+# core's own imports too, so that a Ctrl-C from the script's first line on is a quiet exit 130,
+# never a KeyboardInterrupt traceback (CPython parses the whole file before that first line runs:
+# a Ctrl-C in those first tens of milliseconds is reported by CPython itself; README.md, the
+# command-line contract).
 # ---------------------------------------------------------------------------------------------
 if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
 
@@ -53,8 +47,21 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
             sys.exit(2)
         sys.exit(main(sys.argv[1:]))
 
-    _launch()
+    try:
+        _launch()
+    except KeyboardInterrupt:  # Ctrl-C while the port loads or starts: a quiet stop (the port's
+        sys.exit(130)          # main reports one later in start-up the same way)
 
+import json  # noqa: E402  (after the launcher: see above)
+import struct  # noqa: E402
+from array import array  # noqa: E402
+
+try:  # const(): inlined by MicroPython's compiler (no global looked up at run time); CPython: as is
+    from micropython import const
+except ImportError:
+
+    def const(x):  # type: ignore[no-redef]
+        return x
 
 try:  # binascii.crc32 is C code on CPython and on every MicroPython port we target
     from binascii import crc32 as _lk_crc32

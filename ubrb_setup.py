@@ -7,6 +7,8 @@
 # before it serves (ports/micropython/run.py), so the collector frees its code.
 #
 # MicroPython-portable like the core: no CPython-only syntax or library.
+import sys
+
 import ubrb_min as core
 from ubrb_min import HDR, LINK_MAX_MESSAGE, LK_RHDR_MAX, const
 
@@ -175,7 +177,36 @@ def format_budget(name, p, link=None):
     return "\n".join(lines)
 
 
+def budget_culprit(name, overrides, link=None):
+    """The flag that makes the worst-case budget of profile `name` with `overrides` (the limit
+    flags given, {key: value or None}) big, as the text a person reads: of the limits given, the
+    one whose profile value lowers the budget most ('--max-clients 100000'); '--profile NAME' when
+    none of them does. `link`: (datagram, mtu) of the gateway's link, or None without one."""
+    def total(over):
+        p = make_profile(name, over)
+        z = None if link is None else link_sizes(p["max_payload"], link[0], link[1])
+        return memory_budget(p, z)["total"]
+
+    best = total(overrides)
+    fix = "--profile " + name
+    for k in overrides:
+        if overrides[k] is None:
+            continue
+        o = dict(overrides)
+        o[k] = None
+        try:
+            t = total(o)
+        except ValueError:  # the other limits given do not fit the profile's value of this one
+            continue
+        if t < best:
+            best = t
+            fix = "--%s %s" % (k.replace("_", "-"), overrides[k])
+    return fix
+
+
 def human_bytes(n):
+    if n >= 1024 * MIB:
+        return "%.1f GiB" % (n / (1024 * MIB))
     if n >= MIB:
         return "%.1f MiB" % (n / MIB)
     if n >= _KIB:
@@ -359,6 +390,11 @@ _LINK_DEFAULT_UDP_PORT = const(8269)
 LINK_DEFAULT_MTU = const(1400)      # largest UDP datagram: fits an Ethernet/Wi-Fi MTU with IP+UDP headers
 LINK_SERIAL_FRAME = const(1088)     # serial frame cap: a 1 KiB message and its headers fit one frame
                              # (95 ms at 115200 baud)
+# --link-mtu's range: the smallest frame the core's LinkSession takes (its max_frame check; a
+# keyed frame's 24 bytes of header, CRC and MAC leave 40 for records), and the largest UDP
+# payload an IPv4 datagram carries (65535 - 20 - 8; a larger frame would fail to send)
+LINK_MTU_MIN = const(64)
+LINK_MTU_MAX = const(65507)
 # Bytes of reliable frames a receiver lets be in flight towards it (window x max_frame): a UDP
 # socket's default receive queue (Linux: 212992 B of kernel accounting, ~2x each datagram) holds
 # only 12 datagrams of 8 KiB, so 16 frames at --link-mtu 8192 had the kernel drop the tail of
@@ -366,17 +402,33 @@ LINK_SERIAL_FRAME = const(1088)     # serial frame cap: a 1 KiB message and its 
 LINK_WINDOW_BYTES = const(64 * 1024)
 
 
-def parse_link_url(url):
+def check_link_mtu(n):
+    """`n` if it is a --link-mtu every port and the companion can run with; ValueError, with
+    the range, otherwise."""
+    if not isinstance(n, int) or not LINK_MTU_MIN <= n <= LINK_MTU_MAX:
+        raise ValueError("must be %d-%d bytes (the largest UDP datagram on the link), got %s"
+                         % (LINK_MTU_MIN, LINK_MTU_MAX, n))
+    return n
+
+
+_MICROPYTHON = sys.implementation.name == "micropython"
+
+
+def parse_link_url(url, board=_MICROPYTHON):
     """The link grammar of every port and of the companion:
 
       udp://HOST[:PORT]   ('udp', HOST, PORT); PORT left out (no ':') is 8269, the link's
                           default; HOST may be [v6]; udp://PORT and udp://:PORT are 127.0.0.1
                           (a number alone is a port, never a host: see parse_hostport)
       serial:PATH         ('serial', PATH, 0); PATH is a device or pyserial URL on CPython and a
-      uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID)
+      uart:ID             UART number on MicroPython (uart:ID is the same as serial:ID; the
+                          CPython programs refuse uart:, ubrb_host.cli.link_url)
       none (or empty)     ('none', '', 0): no link, no ROS side
 
-    ValueError, with a sentence for a person, for anything else (an empty port after ':' too)."""
+    ValueError, with a sentence for a person, for anything else (an empty port after ':' too).
+    Its serial examples are a board's (uart:ID) with `board`, else CPython's (a device or pyserial
+    URL); the default is this runtime's, and a board's start-up checks pass True (tools/deploy.py
+    runs them on CPython)."""
     if url is None or url == "" or url == "none":
         return "none", "", 0
     if url.startswith("udp://"):
@@ -400,9 +452,12 @@ def parse_link_url(url):
         if url.startswith(prefix):
             path = url[len(prefix):]
             if not path:
-                raise ValueError("%s needs a device, e.g. serial:/dev/ttyACM0 or uart:1" % prefix)
+                raise ValueError("%s needs %s" % (prefix, "a UART number, e.g. uart:1" if board
+                                                  else "a device or pyserial URL, e.g. "
+                                                  "serial:/dev/ttyACM0"))
             return "serial", path, 0
-    raise ValueError("unknown link %r: use udp://HOST:PORT or serial:PATH (or none)" % url)
+    raise ValueError("unknown link %r: use udp://HOST:PORT or %s (or none)"
+                     % (url, "uart:ID" if board else "serial:PATH"))
 
 
 # An address without a host is this machine's, never the network's: 0.0.0.0 (every interface)

@@ -12,24 +12,7 @@ Direct mode: runs the gateway core in-process and serves UBRB clients itself, no
 
 from __future__ import annotations
 
-import argparse
-import logging
-import selectors
-import signal
 import sys
-import time
-from typing import Any, List, Optional
-
-from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args
-
-log = logging.getLogger("ros_side")
-
-DEFAULT_LINK = "udp://127.0.0.1:8269"  # other addresses: --link-key (or --insecure-link)
-STATS_PERIOD_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _use_source_tree() -> None:
@@ -47,15 +30,41 @@ def _use_source_tree() -> None:
             sys.path.insert(0, path)
 
 
-_use_source_tree()
+# Ctrl-C while the program loads (these imports take a good part of a second) is a quiet exit 130
+# for `python -m ros_side`, as later in start-up (host_cli.run_program); imported (the console
+# script: ros_side.main), the importer says so the same way.
+try:
+    import argparse
+    import logging
+    import selectors
+    import signal
+    import time
+    from typing import Any, List, Optional
 
-import ubrb_min as core  # noqa: E402
-import ubrb_setup  # noqa: E402
-from ubrb_host import cli as host_cli  # noqa: E402
-from ubrb_host import link as host_link  # noqa: E402
-from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
+    from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args
 
-from .link_end import LinkCompanionEnd  # noqa: E402
+    _use_source_tree()
+
+    import ubrb_min as core
+    import ubrb_setup
+    from ubrb_host import cli as host_cli
+    from ubrb_host import link as host_link
+    from ubrb_host.loop import GatewayServer, contained, mapped_buffer
+
+    from .link_end import LinkCompanionEnd
+except KeyboardInterrupt:
+    if __name__ != "__main__":
+        raise
+    sys.exit(130)
+
+log = logging.getLogger("ros_side")
+
+DEFAULT_LINK = "udp://127.0.0.1:8269"  # other addresses: --link-key (or --insecure-link)
+STATS_PERIOD_MS = 1000
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 def program_name() -> str:
@@ -152,18 +161,22 @@ def run_direct(args: argparse.Namespace) -> int:
         return 2
     host_cli.log_budget(args.profile, profile)
     companion = make_companion(args, None, profile["max_payload"])
-    declare_parameters(companion, args)
-    gw = core.Gateway(profile, ros=companion, log=host_cli.make_logger(), new_buffer=mapped_buffer)
-    if policy is not None:
-        ubrb_setup.apply_policy(gw, policy, new_buffer=mapped_buffer)
-    try:
-        server = GatewayServer(gw, host_cli.parse_hostport(args.listen),
-                               link=CompanionPump(companion))
-    except OSError as e:
+    try:  # a failure, or Ctrl-C (KeyboardInterrupt: exit 130), before it serves closes the backend
+        declare_parameters(companion, args)
+        gw = core.Gateway(profile, ros=companion, log=host_cli.make_logger(),
+                          new_buffer=mapped_buffer)
+        if policy is not None:
+            ubrb_setup.apply_policy(gw, policy, new_buffer=mapped_buffer)
+        try:
+            server = GatewayServer(gw, host_cli.parse_hostport(args.listen),
+                                   link=CompanionPump(companion))
+        except OSError as e:
+            raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
+        signal.signal(signal.SIGINT, server.stop)
+        signal.signal(signal.SIGTERM, server.stop)
+    except BaseException:
         companion.close()
-        raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
-    signal.signal(signal.SIGINT, server.stop)
-    signal.signal(signal.SIGTERM, server.stop)
+        raise
     on_usr1 = host_cli.CountersOnSignal(lambda: {"gateway": gw.counters()}, log)
     companion.start()  # tells the gateway core the ROS side is up (distro, max message)
     log.info(
@@ -195,26 +208,29 @@ def run_link(args: argparse.Namespace) -> int:
     # the key file is part of the command line: checked (one line, exit 2) before a backend starts
     link_secret = host_cli.link_key(args, log)
     companion = make_companion(args, None, max_message)
-    declare_parameters(companion, args)
-    try:
-        if ubrb_setup.parse_link_url(args.link)[0] == "none":
-            raise ValueError("the companion needs a link (udp://HOST:PORT or serial:PATH)")
-        session, driver = host_link.open_link(
-            args.link, False, max_message, baud=args.baud, mtu=args.link_mtu,
-            key=link_secret,
-        )
-        end = LinkCompanionEnd(session, companion, log=host_cli.make_logger("ros_side"))
-    except (OSError, RuntimeError, ValueError) as e:
-        companion.close()
-        raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
-    companion.sink = end
     running = [True]
 
     def stop(*_: Any) -> None:
         running[0] = False
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    try:  # a failure, or Ctrl-C (KeyboardInterrupt: exit 130), before it serves closes the backend
+        declare_parameters(companion, args)
+        try:
+            if ubrb_setup.parse_link_url(args.link)[0] == "none":
+                raise ValueError("the companion needs a link (udp://HOST:PORT or serial:PATH)")
+            session, driver = host_link.open_link(
+                args.link, False, max_message, baud=args.baud, mtu=args.link_mtu,
+                key=link_secret,
+            )
+            end = LinkCompanionEnd(session, companion, log=host_cli.make_logger("ros_side"))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
+        companion.sink = end
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+    except BaseException:
+        companion.close()
+        raise
     on_usr1 = host_cli.CountersOnSignal(lambda: {"link": driver.counters()}, log)
     sel = selectors.DefaultSelector()
     sel.register(companion.wake_fd(), selectors.EVENT_READ, "companion")
@@ -300,4 +316,7 @@ def run(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # in the instant before main's own handling (run_program) is in place
+        sys.exit(130)

@@ -22,7 +22,9 @@
         (128 KiB): the image mapped into the process outside MicroPython's heap, as a board maps
         its ROMFS flash partition, and mounted at /rom by MicroPython's own VfsRom.
 
-Gateway flags after the options (e.g. --max-clients 1) go into config.py's GATEWAY dict.
+Gateway flags after the options (e.g. --max-clients 1) go into config.py's GATEWAY dict. --link
+and those flags are checked first, as the board checks them when it starts (check_options): a
+mistake is one line and exit 2, before anything is built or copied.
 Exit status: 0 done, 1 a step failed (one line says which), 2 bad usage.
 """
 
@@ -88,6 +90,8 @@ try:
 except MemoryError:  # loading code (run.main reports a profile too big, serving contains its own)
     print("ubrb_min.py: not enough heap to load the gateway's code", file=sys.stderr)
     status = 1
+except KeyboardInterrupt:  # Ctrl-C while the code loads or the gateway starts: a quiet stop
+    status = 130
 if status and sys.platform == "linux":  # the unix port (make deploy-check): the exit status
     sys.exit(status)
 '''
@@ -120,6 +124,19 @@ def gateway_options(link: str, flags: Sequence[str]) -> Dict[str, object]:
             name = flag[2:].partition("=")[0].replace("-", "_")
             opts[name] = parsed[name]
     return opts
+
+
+def check_options(opts: Dict[str, object]) -> None:
+    """What the board checks of config.py's GATEWAY options (gateway_options' dict) when it
+    starts, checked here before anything is built: ports/micropython/gateway.py's check_options
+    (the profile and its limits, the listen address, the link URL by the core's grammar,
+    ubrb_setup.parse_link_url, as a board reads it - a UART by number -, --link-mtu, the policy
+    flags, a key or --insecure-link for a UDP link off loopback). What needs the board is left
+    to it: the key file's contents, the heap. ValueError (the board's one line) for the first
+    mistake."""
+    from ports.micropython import gateway as board
+
+    board.check_options(board.apply_dict(board.defaults(), opts))
 
 
 def config_py(opts: Dict[str, object]) -> str:
@@ -322,6 +339,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:  # the board's words, pointing at the board's flags
         ap.exit(2, "tools/deploy.py: gateway flags: %s (the board's flags: "
                 "ports/micropython/README.md)\n" % str(e).split(" (--help")[0])
+    try:  # LINK and DEPLOY_ARGS as the board checks them when it starts, before anything is built
+        check_options(options)
+    except ValueError as e:
+        ap.exit(2, "tools/deploy.py: %s (nothing was built or copied)\n" % e)
     if args.romfs:
         files = build_romfs(out, options)
         base = os.path.join(out, ROMFS_TREE)

@@ -28,8 +28,26 @@ def open_gateway_link(io, opts, max_slots):
     return core.LinkRosPort(s), mlink.LinkDriver(t, s)
 
 
+def check_heap(opts):
+    """ValueError (the options' mistake: exit 2) when the worst-case budget gateway.prepare()
+    worked out is more than the heap has free now, the start-up modules unloaded, before one
+    buffer of it is allocated; on CPython (the tests' fakes) nothing is checked."""
+    import gc
+
+    gc.collect()
+    try:
+        free = gc.mem_free()
+    except AttributeError:
+        return
+    if opts["budget"] > free:
+        raise ValueError("%s: the worst-case memory budget, %s, is more than the heap has free "
+                         "(%d bytes): lower it (--help lists the limits)"
+                         % (opts["budget_fix"], opts["budget_text"], free))
+
+
 def build(opts, profile, io, log):
-    """The link, the Gateway and the GatewayLoop, listening."""
+    """The link, the Gateway and the GatewayLoop, listening (check_heap first)."""
+    check_heap(opts)
     ros, drv = open_gateway_link(io, opts, profile["max_topics"])
     if drv is None:
         log("warning", "no --link: running without a ROS side (PUBLISH frames are dropped)")

@@ -44,7 +44,8 @@ OPTIONS = (
     ("baud", "i", 115200, "UART baud rate; writes are paced to baud/10 bytes/s"),
     ("tx", "i", None, "UART TX pin (default: the board's pin for that UART)"),
     ("rx", "i", None, "UART RX pin"),
-    ("link_mtu", "i", setup.LINK_DEFAULT_MTU, "largest UDP datagram on the link"),
+    ("link_mtu", "i", setup.LINK_DEFAULT_MTU, "largest UDP datagram on the link, %d-%d"
+     % (setup.LINK_MTU_MIN, setup.LINK_MTU_MAX)),
     ("link_key", "s", None, "file with the link key (hex; the companion's --link-key file)"),
     ("insecure_link", "b", 0, "allow an unkeyed UDP link to a non-loopback address"),
     ("profile", "s", "mcu", "static limits to start from: " + ", ".join(sorted(setup.PROFILES))),
@@ -181,14 +182,12 @@ def wifi_up(io, ssid, password, timeout_s, log):
 
 
 def link_key(opts, log):
-    """The key of --link-key (None without one), under the rule of the CPython port: an unkeyed
-    UDP link stays on loopback unless --insecure-link. ValueError (one line) otherwise."""
+    """The key of --link-key (None without one; an unkeyed link off loopback has passed
+    check_options only with --insecure-link, which is logged). ValueError (one line) for a key
+    file that cannot be read or is no key."""
     path = opts["link_key"]
     if not path:
         if setup.link_needs_key(opts["link"]):
-            if not opts["insecure_link"]:
-                raise ValueError("%s is not a loopback address: give --link-key FILE (the "
-                                 "companion's key file) or --insecure-link" % opts["link"])
             log("warning", "link %s has no key (--insecure-link): anyone who can reach it can "
                 "join the link, inject into ROS and reach UE clients" % opts["link"])
         return None
@@ -228,31 +227,69 @@ def uart_id(path):
         raise ValueError("serial: on MicroPython needs a UART number, e.g. uart:1 (got %r)" % path)
 
 
-def prepare(opts, io, log):
-    """The first half of start-up: everything decided before a buffer is allocated - the profile,
-    the listen address and the link URL (ValueError here, before Wi-Fi, if malformed), the policy
-    and the link key, the budget printed, Wi-Fi up. Leaves in `opts` what build.py needs:
-    listen_addr, link_kind/link_where/link_port, sizes (the link session's, or None), policy,
-    key. Returns (profile, link sizes or None, budget bytes)."""
+def check_options(opts):
+    """Every check of the options that needs no board (tools/deploy.py runs it on the options it
+    writes into config.py): the profile and its limits, the listen address, the link URL (a UART
+    by number), --link-mtu, the policy flags, and the rule that an unkeyed UDP link stays on
+    loopback unless --insecure-link. ValueError (one line) for the first that does not do.
+    Leaves in `opts` what start-up goes on with: listen_addr, link_kind/link_where/link_port,
+    policy, sizes (the link session's, or None), budget (worst-case bytes, and as budget_text)
+    and budget_fix (the flag that makes it big, for a budget the heap cannot hold). Returns the
+    profile."""
     profile = profile_from(opts)
     opts["listen_addr"] = setup.parse_hostport(opts["listen"], True)  # PORT alone: 127.0.0.1
-    kind, where, port = setup.parse_link_url(opts["link"])
+    kind, where, port = setup.parse_link_url(opts["link"], True)  # a board's: uart:ID
     if kind == "serial":
         port = uart_id(where)
     opts["link_kind"] = kind
     opts["link_where"] = where
     opts["link_port"] = port
-    # decided before Wi-Fi and before any buffer: ValueError (one line) when they do not do
+    try:
+        setup.check_link_mtu(opts["link_mtu"])
+    except ValueError as e:
+        raise ValueError("--link-mtu %s" % e)
     opts["policy"] = setup.policy_from_options(opts)  # allow-lists, throttle (or None)
+    if (kind != "none" and not opts["link_key"] and not opts["insecure_link"]
+            and setup.link_needs_key(opts["link"])):
+        raise ValueError("%s is not a loopback address: give --link-key FILE (the companion's "
+                         "key file, copied to the board) or --insecure-link" % opts["link"])
+    sizes = None
+    link = None
+    if kind != "none":
+        link = (kind == "udp", opts["link_mtu"])
+        sizes = setup.link_sizes(profile["max_payload"], link[0], link[1])
+    opts["sizes"] = sizes
+    opts["budget"] = setup.memory_budget(profile, sizes)["total"]
+    opts["budget_text"] = setup.human_bytes(opts["budget"])
+    over = {}
+    for k in setup.PROFILE_KEYS:
+        over[k] = opts[k]
+    opts["budget_fix"] = setup.budget_culprit(opts["profile"], over, link)
+    return profile
+
+
+def prepare(opts, io, log):
+    """The first half of start-up: everything decided before a buffer is allocated -
+    check_options (ValueError here, before Wi-Fi, for a mistake; a budget beyond the whole heap
+    too), the link key read, the budget printed, Wi-Fi up. Leaves in `opts` what build.py needs
+    (check_options' and key). Returns (profile, link sizes or None, budget bytes)."""
+    profile = check_options(opts)
+    try:  # a budget no heap of this board holds, said before Wi-Fi (build.py checks what is free)
+        import gc
+
+        heap = gc.mem_free() + gc.mem_alloc()
+    except (ImportError, AttributeError):  # CPython (the tests' fakes): no heap figures
+        heap = None
+    if heap is not None and opts["budget"] > heap:
+        raise ValueError("%s: the worst-case memory budget, %s, is more than this board's whole "
+                         "heap (%d bytes): lower it (--help lists the limits)"
+                         % (opts["budget_fix"], opts["budget_text"], heap))
     if opts["policy"] is not None:
         for line in setup.describe_policy(opts["policy"]):
             log("info", "policy: " + line)
-    opts["key"] = link_key(opts, log) if kind != "none" else None
-    sizes = None
-    if kind != "none":
-        sizes = setup.link_sizes(profile["max_payload"], kind == "udp", opts["link_mtu"])
-    opts["sizes"] = sizes
-    budget = setup.memory_budget(profile, sizes)["total"]
+    opts["key"] = link_key(opts, log) if opts["link_kind"] != "none" else None
+    sizes = opts["sizes"]
+    budget = opts["budget"]
     for line in setup.format_budget(opts["profile"], profile, sizes).splitlines():
         log("info", line)
     ssid = opts["wifi_ssid"]

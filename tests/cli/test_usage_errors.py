@@ -99,6 +99,31 @@ CASES = [
      ["argument --msg-path: README.md is not a directory"]),
     (COMPANION + ["--ros-args", "-p", "msg_path:=/nonexistent"], {},
      ["argument --msg-path: /nonexistent does not exist"]),
+    # -- issue 22 item 3: --link-mtu out of range is a usage mistake naming the range --------------
+    (GATEWAY + ["--link-mtu", "10"], {},
+     ["ubrb_min.py: argument --link-mtu: must be 64-65507 bytes", "got 10"]),
+    (GATEWAY + ["--link-mtu", "100000"], {}, ["argument --link-mtu: must be 64-65507 bytes"]),
+    (GATEWAY + ["--link-mtu", "big"], {}, ["argument --link-mtu: expected a whole number"]),
+    (COMPANION + ["--link-mtu", "10"], {},
+     ["python -m ros_side: argument --link-mtu: must be 64-65507 bytes", "got 10"]),
+    (COMPANION + ["--ros-args", "-p", "link_mtu:=100000"], {},
+     ["argument --link-mtu: must be 64-65507 bytes"]),
+    # -- item 12: uart:ID is a board's UART; CPython names a device or a pyserial URL ------------
+    (GATEWAY + ["--link", "uart:1"], {},
+     ["argument --link: 'uart:1': uart:ID names a board UART (MicroPython); on CPython give "
+      "serial:/dev/ttyXXX or a pyserial URL"]),
+    (COMPANION + ["--link", "uart:1"], {}, ["uart:ID names a board UART (MicroPython)"]),
+    (GATEWAY + ["--link", "serial:"], {},
+     ["argument --link: serial: needs a device or pyserial URL, e.g. serial:/dev/ttyACM0"]),
+    # -- item 11: a worst-case budget beyond this machine's RAM, naming the flag that made it big -
+    (GATEWAY + ["--max-clients", "100000"], {},
+     ["ubrb_min.py: --max-clients 100000: the worst-case memory budget, 1953.5 GiB, is more "
+      "than this machine's RAM"]),
+    (GATEWAY + ["--max-clients", "4", "--queue-bytes", str(10 ** 15)], {},
+     ["--queue-bytes 1000000000000000: the worst-case memory budget"]),
+    # both big: the queue cannot go back to the profile's value while the payload needs it
+    (GATEWAY + ["--max-payload", str(2 ** 40), "--queue-bytes", str(2 ** 42)], {},
+     ["--max-payload %d: the worst-case memory budget" % 2 ** 40]),
 ]
 
 
@@ -111,6 +136,39 @@ def test_mistake_is_one_line_and_exit_2(argv: List[str], env: Dict[str, str],
     line = one_line(run(argv, extra_env=env), 2, *says)
     if "pub: unknown message type" in line:
         assert "'" not in line.split("type", 1)[1].split(":")[0]  # no stray quotes on the name
+
+
+def test_serial_suggestions_on_cpython_name_no_board_uart() -> None:
+    # the grammar is shared with the board; on CPython its examples are CPython's
+    for link in ("serial:", "tcp://127.0.0.1:1"):
+        line = one_line(run(GATEWAY + ["--link", link]), 2)
+        assert "serial:" in line and "uart" not in line, line
+
+
+def test_budget_rule_is_the_whole_worst_case_against_ram() -> None:
+    # cli.check_budget, with the machine's RAM given: the budget logged at start-up must fit
+    import argparse
+
+    import ubrb_setup
+    from ubrb_host import cli
+
+    def args(**given: int) -> argparse.Namespace:
+        a = argparse.Namespace(profile="pi", **{k: None for k in ubrb_setup.PROFILE_KEYS})
+        vars(a).update(given)
+        return a
+
+    p = ubrb_setup.make_profile("pi")
+    total = ubrb_setup.memory_budget(p, ubrb_setup.link_sizes(p["max_payload"], True, 1400))["total"]
+    cli.check_budget(args(), p, (True, 1400), ram=total)            # exactly fits
+    with pytest.raises(cli.Fatal) as e:
+        cli.check_budget(args(), p, (True, 1400), ram=total - 1)    # the profile itself: named
+    assert e.value.code == 2 and str(e.value).startswith("--profile pi: the worst-case memory")
+    big = ubrb_setup.make_profile("pi", {"max_clients": 40})
+    with pytest.raises(cli.Fatal) as e:
+        cli.check_budget(args(max_clients=40, max_pubs=8), big, None, ram=total)
+    assert str(e.value).startswith("--max-clients 40: ")
+    ram = cli.machine_memory()
+    assert ram is not None and ram > 64 * ubrb_setup.MIB
 
 
 def test_help_is_not_a_mistake() -> None:

@@ -204,6 +204,67 @@ def test_link_urls():
     assert 0 < e < (1 << 30)
 
 
+def _refusal(fn, *args):
+    """The ValueError's line of fn(*args) (AssertionError when there is none)."""
+    try:
+        fn(*args)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("accepted: %r" % (args,))
+
+
+def test_link_mtu_range_and_each_runtimes_serial_words():
+    # issue 22 items 3 and 12: one range for every port and the companion; the shared grammar
+    # suggests a board's uart:ID on a board (and to tools/deploy.py), a device on CPython
+    assert ubrb_setup.check_link_mtu(64) == 64 and ubrb_setup.check_link_mtu(65507) == 65507
+    for bad in (10, 63, 65508, 100000, None):
+        assert "must be 64-65507 bytes" in _refusal(ubrb_setup.check_link_mtu, bad)
+    board = _refusal(ubrb_setup.parse_link_url, "serial:", True)
+    assert "a UART number, e.g. uart:1" in board
+    host = _refusal(ubrb_setup.parse_link_url, "serial:", False)
+    assert "serial:/dev/ttyACM0" in host and "uart" not in host
+    assert "udp://HOST:PORT or uart:ID" in _refusal(ubrb_setup.parse_link_url, "tcp://x", True)
+    assert "or serial:PATH" in _refusal(ubrb_setup.parse_link_url, "tcp://x", False)
+    mp = sys.implementation.name == "micropython"
+    assert ("uart:1" in _refusal(ubrb_setup.parse_link_url, "uart:")) == mp  # this runtime's
+
+
+def test_the_flag_that_makes_the_budget_big_is_named():
+    # issue 22 item 11: of the limits given, the one whose profile value lowers the budget most
+    none = {}
+    for k in ubrb_setup.PROFILE_KEYS:
+        none[k] = None
+    assert ubrb_setup.budget_culprit("mcu", none) == "--profile mcu"
+    over = dict(none)
+    over["max_clients"] = 100000
+    over["max_pubs"] = 4
+    assert ubrb_setup.budget_culprit("mcu", over, (True, 1400)) == "--max-clients 100000"
+    over = dict(none)
+    over["max_clients"] = 3
+    over["queue_bytes"] = 1 << 30
+    assert ubrb_setup.budget_culprit("pi", over) == "--queue-bytes %d" % (1 << 30)
+    assert ubrb_setup.human_bytes(3 << 30) == "3.0 GiB"
+
+
+def test_the_boards_option_checks_need_no_board():
+    # check_options: what the board checks before Wi-Fi and any buffer, and tools/deploy.py
+    # before it builds (issue 22 item 9)
+    def opts(**given):
+        o = G.defaults()
+        o.update(given)
+        return o
+
+    o = opts(link="udp://192.0.2.10", insecure_link=1)
+    profile = G.check_options(o)
+    assert profile["max_clients"] == 2 and o["link_port"] == 8269 and o["budget_fix"] == "--profile mcu"
+    assert o["budget"] == ubrb_setup.memory_budget(profile, o["sizes"])["total"]
+    assert "--link-mtu must be 64-65507" in _refusal(G.check_options, opts(link_mtu=10))
+    assert "not a loopback address" in _refusal(G.check_options, opts(link="udp://192.0.2.10"))
+    assert "udp://HOST:PORT or uart:ID" in _refusal(G.check_options, opts(link="tcp://x"))
+    assert "needs a UART number" in _refusal(G.check_options, opts(link="serial:/dev/ttyUSB0"))
+    G.check_options(opts(link="udp://192.0.2.10", link_key="link.key"))  # the file is the board's
+
+
 def test_listen_addresses():
     # The grammar of every HOST:PORT option of both ports (ubrb_setup.parse_hostport): a PORT
     # alone, or :PORT, is 127.0.0.1 (0.0.0.0 only when written: every interface).

@@ -52,7 +52,8 @@ def test_board_preparation_makes_folders_and_removes_stale_sources(tmp_path: Pat
 
 def test_deploy_to_a_board_is_one_mpremote_session(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "tools/deploy.py", "board", "--port", "/dev/ttyUSB0",
-                        "--link", "udp://192.0.2.10:8269", "--out", str(tmp_path), "--dry-run"],
+                        "--link", "udp://192.0.2.10:8269", "--out", str(tmp_path), "--dry-run",
+                        "--link-key", "link.key"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     cmd = r.stdout.strip().splitlines()[-1]
@@ -63,6 +64,46 @@ def test_deploy_to_a_board_is_one_mpremote_session(tmp_path: Path) -> None:
     assert " + fs cp %s/main.py :main.py" % tmp_path in cmd
     assert " + fs cp %s/config.py :config.py" % tmp_path in cmd
     assert "'link': 'udp://192.0.2.10:8269'" in (tmp_path / "config.py").read_text()
+
+
+# issue 22 item 9: LINK and DEPLOY_ARGS are checked as the board checks them (the core's grammar,
+# ports/micropython/gateway.check_options), before anything is built: one line, exit 2
+@pytest.mark.parametrize("args, says", [
+    (["--link", "tcp://x"],
+     "tools/deploy.py: unknown link 'tcp://x': use udp://HOST:PORT or uart:ID"),
+    (["--link", "udp://192.0.2.10:"], "'udp://192.0.2.10:' has an empty port"),
+    (["--link", "serial:/dev/ttyUSB0"], "needs a UART number, e.g. uart:1"),
+    (["--link", "serial:"], "serial: needs a UART number, e.g. uart:1"),
+    (["--link", "udp://192.0.2.10:8269"], "is not a loopback address: give --link-key FILE"),
+    (["--link", "uart:1", "--bogus", "1"], "gateway flags: unknown flag --bogus"),
+    (["--link", "uart:1", "--baud", "fast"], "--baud expects an integer, got 'fast'"),
+    (["--link", "uart:1", "--link-mtu", "10"], "--link-mtu must be 64-65507 bytes"),
+    (["--link", "uart:1", "--profile", "huge"], "unknown profile 'huge'"),
+    (["--link", "uart:1", "--queue-bytes", "100"], "queue_bytes (100) must hold"),
+    (["--link", "uart:1", "--listen", "nonsense"], "expected HOST:PORT, got 'nonsense'"),
+    (["--link", "uart:1", "--throttle", "/x=0"], "--throttle expects GLOB=HZ"),
+    (["--link", "uart:1", "stray"], "unexpected argument 'stray'"),
+])
+def test_deploy_checks_link_and_flags_before_building(tmp_path: Path, args, says) -> None:
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "tools/deploy.py", "board", "--port", "/dev/ttyUSB0",
+                        "--dry-run", "--out", str(out)] + args,
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stdout + r.stderr
+    assert not out.exists()  # nothing built, no config.py with the bad value in it
+
+
+def test_make_deploy_with_a_bad_link_writes_no_config(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = subprocess.run(["make", "-s", "deploy", "PORT=/dev/ttyUSB0", "LINK=tcp://x",
+                        "DEPLOY_ARGS=--dry-run --out %s" % out],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("tools/deploy.py: unknown link 'tcp://x'"), r.stderr  # then make's own
+    assert "Traceback" not in r.stderr and not out.exists()
 
 
 def test_make_deploy_without_a_port_says_so() -> None:

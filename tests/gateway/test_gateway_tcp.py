@@ -383,12 +383,25 @@ def run_deployed(*flags: str, heap: str = HEAP):
 @pytest.mark.parametrize("flags, status, says", [
     (("--bogus", "1"), 2, "unknown flag --bogus"),
     (("--bogus",), 2, "unknown flag --bogus"),
-    (("--link", "tcp://127.0.0.1:1"), 2, "udp://HOST:PORT or serial:PATH"),
+    (("--link", "tcp://127.0.0.1:1"), 2, "udp://HOST:PORT or uart:ID"),  # a board's words
+    (("--link", "serial:"), 2, "serial: needs a UART number, e.g. uart:1"),
     (("--link", "udp://127.0.0.1:"), 2, "'udp://127.0.0.1:' has an empty port"),
     (("--listen", "nonsense"), 2, "expected HOST:PORT, got 'nonsense'"),
     (("--profile", "mcu", "--queue-bytes", "100"), 2, "queue_bytes"),
-    (("--listen", "127.0.0.1:1", "--profile", "pi"), 1, "not enough heap for profile pi"),
-    (("--heap", "64k"), 1, "not enough heap to load the gateway's code"),
+    (("--link-mtu", "10"), 2, "--link-mtu must be 64-65507 bytes"),
+    (("--link-mtu", "100000"), 2, "--link-mtu must be 64-65507 bytes"),
+    # item 11: a worst-case budget beyond the heap, refused before a buffer is allocated and
+    # naming the flag: beyond the whole heap (said before Wi-Fi), beyond what is free once the
+    # start-up modules are unloaded (~85 KB of the 128 KiB; 12 clients need 108.7 KiB)
+    # (" ... " separates fragments the line holds in that order)
+    (("--listen", "127.0.0.1:1", "--profile", "pi"), 2,
+     "--profile pi: the worst-case memory budget, 192.2 MiB, is more than this board's whole "
+     "heap"),
+    (("--max-clients", "100000"), 2,
+     "--max-clients 100000: the worst-case memory budget, ... whole heap"),
+    (("--max-clients", "12", "--max-pubs", "4"), 2,
+     "--max-clients 12: the worst-case memory budget, 107.9 KiB, is more than the heap has free"),
+    (("--heap", "56k"), 1, "not enough heap to load the gateway's code"),
 ])
 def test_bad_options_on_the_board_are_one_line(flags, status, says):
     heap = HEAP
@@ -396,7 +409,8 @@ def test_bad_options_on_the_board_are_one_line(flags, status, says):
         heap, flags = flags[1], flags[2:]
     r = run_deployed("--link", "none", *flags, heap=heap)
     assert r.returncode == status, r.stdout + r.stderr
-    assert says in r.stderr and "Traceback" not in r.stdout + r.stderr
+    assert re.search(".*".join(re.escape(s) for s in says.split(" ... ")), r.stderr), r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

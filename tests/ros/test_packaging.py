@@ -35,7 +35,7 @@ def test_setup_installs_the_marker_launch_file_and_console_script():
     assert os.path.isfile(os.path.join(ROOT, "ros_side", "launch", "ros_side.launch.py"))
     setup_cfg = open(os.path.join(ROOT, "setup.cfg")).read()
     assert "script_dir=$base/lib/ros_side" in setup_cfg
-    assert "ros_side = ros_side.__main__:main" in open(os.path.join(ROOT, "setup.py")).read()
+    assert "ros_side = ros_side:main" in open(os.path.join(ROOT, "setup.py")).read()
 
 
 def test_colcon_style_install_runs_as_ros2_run_finds_it(tmp_path):

@@ -22,3 +22,14 @@ pacing arithmetic) is in the core, ``ubrb_min``; this package only does I/O and 
 In the source tree it lives in ports/cpython/ (next to the gateway port) and is put on sys.path by
 the launchers; installed (``pip install .``) it is a top-level package of its own.
 """
+
+
+def gateway_main() -> int:
+    """The `ubrb-gateway` command (setup.py): ubrb_host.gateway.main, imported here so that a
+    Ctrl-C while the program loads is the quiet exit 130 of the rest of start-up too."""
+    try:
+        from .gateway import main
+
+        return main()
+    except KeyboardInterrupt:  # while it loads, or in the instant before run_program's handling
+        return 130

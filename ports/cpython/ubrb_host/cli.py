@@ -44,9 +44,10 @@ def add_link_arguments(group: argparse._ActionsContainer, default: Optional[str]
     group.add_argument("--link", default=default, type=link_url, metavar="URL", help=link_help)
     group.add_argument("--baud", type=positive_int, default=115200,
                        help="serial baud rate (default 115200)")
-    group.add_argument("--link-mtu", type=positive_int, default=ubrb_setup.LINK_DEFAULT_MTU,
+    group.add_argument("--link-mtu", type=link_mtu, default=ubrb_setup.LINK_DEFAULT_MTU,
                        metavar="BYTES",
-                       help=f"largest UDP datagram on the link (default {ubrb_setup.LINK_DEFAULT_MTU})")
+                       help=f"largest UDP datagram on the link, {ubrb_setup.LINK_MTU_MIN}-"
+                            f"{ubrb_setup.LINK_MTU_MAX} (default {ubrb_setup.LINK_DEFAULT_MTU})")
     group.add_argument("--link-key", default=None, metavar="FILE",
                        help="the link's shared secret (the same file on both ends; `make link-key` "
                             "writes one): the handshake proves it and every frame carries a MAC, "
@@ -185,6 +186,48 @@ def load_profile(args: argparse.Namespace, prog: str) -> Optional[Dict[str, int]
     return profile
 
 
+def machine_memory() -> Optional[int]:
+    """This machine's physical RAM in bytes (sysconf, else /proc/meminfo's MemTotal); None
+    where neither says."""
+    try:
+        n = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if n > 0:
+            return n
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_budget(args: argparse.Namespace, profile: Dict[str, int],
+                 link: Optional[Tuple[bool, int]], ram: Optional[int] = None) -> None:
+    """Fatal (usage, exit 2) naming the flag that made it big when the worst-case memory budget
+    (ubrb_setup.memory_budget, the figure logged at start-up; `link`: (datagram, mtu) of the
+    link, None without one) is more than this machine's physical RAM (`ram`, default
+    machine_memory()). The rule: the whole worst case must fit in RAM. Buffers of 1 MiB and more
+    are mapped lazily (ubrb_host.loop.mapped_buffer), so a budget within RAM costs only what the
+    traffic touches; one beyond it is a bound the machine cannot keep - with every client at its
+    limits the gateway would swap or be killed - and, far enough beyond, start-up itself runs
+    out of memory or mappings. Swap is not counted."""
+    ram = machine_memory() if ram is None else ram
+    z = None if link is None else ubrb_setup.link_sizes(profile["max_payload"], link[0], link[1])
+    total = ubrb_setup.memory_budget(profile, z)["total"]
+    if ram is None or total <= ram:
+        return
+    fix = ubrb_setup.budget_culprit(args.profile,
+                                    {k: getattr(args, k, None) for k in ubrb_setup.PROFILE_KEYS},
+                                    link)
+    raise Fatal(f"{fix}: the worst-case memory budget, {ubrb_setup.human_bytes(total)}, is more "
+                f"than this machine's RAM ({ubrb_setup.human_bytes(ram)}): lower it (--help "
+                "lists the limits)", EXIT_USAGE)
+
+
 def log_budget(name: str, profile: Dict[str, int], link: Optional[Dict[str, int]] = None) -> None:
     """The worst-case memory budget, link buffers included (`link`: ubrb_min.link_sizes)."""
     for line in ubrb_setup.format_budget(name, profile, link).splitlines():
@@ -212,8 +255,11 @@ def make_logger(name: Optional[str] = None) -> Callable[[str, str], None]:
 # ---------------------------------------------------------------------------------------------
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports for a process it killed)
 EXIT_HELP = ("exit status: 0 done, 1 failed at run time (one line says why), 2 usage mistake "
-             "(one line says which); --log-level debug adds the traceback of an unexpected failure")
+             "(one line says which), 130 interrupted by Ctrl-C (a gateway or companion that "
+             "already serves stops cleanly, with 0); --log-level debug adds the traceback of an "
+             "unexpected failure")
 DDS_DOMAIN_MAX = 232  # the largest DDS domain id the RTPS port mapping allows
 
 # A missing optional dependency (the top-level module name) -> what installs it.
@@ -294,9 +340,17 @@ def server_address(text: str) -> str:
     return format_hostport(*check_hostport(text))
 
 
+# uart:ID is the grammar's name for a board's UART (MicroPython); a CPython program has none, and
+# the grammar would hand it over as a device named ID (a file "1" in the working directory).
+UART_ON_CPYTHON = ("uart:ID names a board UART (MicroPython); on CPython give serial:/dev/ttyXXX "
+                   "or a pyserial URL (e.g. serial:socket://HOST:PORT)")
+
+
 def link_url(text: str) -> str:
     """--link URL through the core's one grammar (ubrb_min.parse_link_url); a UDP host must
-    resolve. Kept as text: the transports parse it again."""
+    resolve; uart:ID (a board's UART) is refused. Kept as text: the transports parse it again."""
+    if text.startswith("uart:"):
+        raise argparse.ArgumentTypeError(f"{text!r}: {UART_ON_CPYTHON}")
     try:
         kind, where, _ = ubrb_setup.parse_link_url(text)
     except ValueError as e:
@@ -304,6 +358,18 @@ def link_url(text: str) -> str:
     if kind == "udp":
         resolve_host(where)
     return text
+
+
+def link_mtu(text: str) -> int:
+    """--link-mtu BYTES: ubrb_setup.LINK_MTU_MIN-LINK_MTU_MAX (ubrb_setup.check_link_mtu)."""
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a whole number of bytes, got {text!r}") from None
+    try:
+        return int(ubrb_setup.check_link_mtu(n))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def domain_id(text: str) -> int:
@@ -435,25 +501,29 @@ def missing_dependency(e: ImportError) -> Optional[str]:
 def run_program(prog: str, main: Callable[[Optional[List[str]]], int],
                 argv: Optional[List[str]] = None) -> int:
     """Call main(argv) and turn every expected failure into one line and its exit code; with
-    --log-level debug (or -vv) an unexpected one keeps its traceback."""
+    --log-level debug (or -vv) an unexpected one keeps its traceback. Ctrl-C (KeyboardInterrupt)
+    before the program has put its own SIGINT handler in place - while it starts - is a quiet
+    EXIT_INTERRUPTED, also while one of those lines is being printed."""
     try:
-        return main(argv)
-    except Fatal as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return e.code
-    except ImportError as e:
-        line = missing_dependency(e)
-        if line is None or _debugging():
-            raise
-        print(f"{prog}: {line}", file=sys.stderr)
-        return EXIT_RUNTIME
+        try:
+            return main(argv)
+        except Fatal as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return e.code
+        except ImportError as e:
+            line = missing_dependency(e)
+            if line is None or _debugging():
+                raise
+            print(f"{prog}: {line}", file=sys.stderr)
+            return EXIT_RUNTIME
+        except Exception as e:
+            if _debugging():
+                raise
+            print(f"{prog}: {type(e).__name__}: {e} (--log-level debug shows where)",
+                  file=sys.stderr)
+            return EXIT_RUNTIME
     except KeyboardInterrupt:
-        return 130
-    except Exception as e:
-        if _debugging():
-            raise
-        print(f"{prog}: {type(e).__name__}: {e} (--log-level debug shows where)", file=sys.stderr)
-        return EXIT_RUNTIME
+        return EXIT_INTERRUPTED
 
 
 def _debugging() -> bool:

@@ -83,6 +83,8 @@ def run(argv: Optional[List[str]] = None) -> int:
     ok, policy = cli.load_policy(args, "ubrb_min.py")
     if not ok:
         return 2
+    kind = ubrb_setup.parse_link_url(args.link)[0]
+    cli.check_budget(args, profile, None if kind == "none" else (kind == "udp", args.link_mtu))
     try:
         ros, link = open_link(args, profile)
     except (OSError, RuntimeError, ValueError) as e:

@@ -1,0 +1,98 @@
+"""Ctrl-C at any moment of start-up (issue 22 item 6): the gateway (`python ubrb_min.py`) and the
+companion (`python -m ros_side`) stop quietly - no traceback - with the documented status: 130
+while they start, 0 once they serve (SIGINT is then their clean stop), as README.md's contract
+says.
+
+SIGINT goes at fixed points of the first 0.3 s (the companion's start-up is longer: later points
+too). What stays out of the programs' reach, and is told apart here rather than retried: before
+CPython has installed its SIGINT handler the process dies of the signal (status -SIGINT, which a
+shell reports as 130, nothing printed), and between that and the script's first line (CPython
+importing `site`, then parsing the whole script - tens of milliseconds for the 3,300-line core,
+more without cached bytecode) CPython reports the KeyboardInterrupt itself, with a traceback in
+which no line of this repository has run yet (a frame of ours is at most at "line 0", the module
+not started). Every other sample - at least three, the later points - is the programs' own
+handling."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import List, Tuple
+
+from tests.cli.helpers import COMPANION, DOMAIN, GATEWAY
+from tests.support.loopback_ports import free_port
+from tests.support.procs import ROOT, child_env
+
+GATEWAY_DELAYS = (0, 0.02, 0.05, 0.1, 0.15, 0.25, 0.3, 0.5, 1.0)
+COMPANION_DELAYS = GATEWAY_DELAYS + (1.5, 2.0)
+
+
+def _sigint_default() -> None:
+    # a test run started in the background of a non-interactive shell inherits SIGINT ignored,
+    # and CPython keeps an ignored SIGINT ignored: give the child the default, as a terminal does
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupted(argv: List[str], delay: float) -> Tuple[int, str]:
+    p = subprocess.Popen(argv, cwd=ROOT, env=child_env(DOMAIN), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_sigint_default)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError("SIGINT %.2f s after start did not stop %s:\n%s"
+                             % (delay, argv, out + err))
+    return p.returncode, out + err
+
+
+def ours(path: str) -> bool:
+    """A file of this repository (not of the venv that may live inside it)."""
+    return path.startswith(ROOT + os.sep) and not path.startswith(sys.prefix + os.sep)
+
+
+def before_the_first_line(text: str) -> bool:
+    """A traceback CPython printed before any line of this repository ran: every frame of a file
+    of ours is at line 0 (a module whose first line had not run)."""
+    frames = re.findall(r'File "([^"]+)", line (-?\d+)', text)
+    return bool(frames) and all(not ours(path) or int(line) <= 0 for path, line in frames)
+
+
+def check(argv: List[str], delays: Tuple[float, ...], serving: str) -> None:
+    handled = 0
+    for delay in delays:
+        status, text = interrupted(argv, delay)
+        where = "SIGINT %.2f s after start: status %d\n%s" % (delay, status, text)
+        if "Traceback" in text:
+            # CPython's own report (status -SIGINT; 1 when it came while `site` was imported)
+            assert before_the_first_line(text), where
+            assert status in (-signal.SIGINT, 1), where
+            continue
+        assert status in (0, 130, -signal.SIGINT), where
+        if status == -signal.SIGINT:  # before CPython's handler: killed by the signal, silently
+            assert text == "", where
+            continue
+        handled += 1
+        # 0 exactly when it was serving (its stop handler installed), 130 while it started
+        assert (status == 0) == (serving in text), where
+    # not vacuous: on a loaded machine the early points may all come before the script runs,
+    # the later ones (0.3 s and more) reach it
+    assert handled >= 3, "only %d of %d samples reached the program" % (handled, len(delays))
+
+
+def test_ctrl_c_during_the_gateways_start_up_is_quiet() -> None:
+    link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+    check(GATEWAY + ["--listen", "127.0.0.1:0", "--link", link], GATEWAY_DELAYS, "listening on")
+
+
+def test_ctrl_c_during_the_companions_start_up_is_quiet() -> None:
+    link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+    check(COMPANION + ["--link", link, "--backend", "dds"], COMPANION_DELAYS, "companion on link")
