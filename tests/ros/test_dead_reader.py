@@ -53,6 +53,22 @@ def seqs(peer, k):
             for e in peer.of("msg", id=k)]
 
 
+def kill_and_replace(victim, topic, env):
+    """SIGKILL the victim (no goodbye on the wire: it stays matched until its lease ends), start
+    a new subscriber of `topic` at once, and let the streams run AFTER_KILL_S from the kill:
+    (the new peer, its first message or None, how long that took in s or None, the kill's time)."""
+    t_kill = time.monotonic()
+    victim.proc.kill()
+    victim.proc.wait(10)
+    late = Peer("rclpy", env)
+    t_late = time.monotonic()
+    k_late = late.endpoint("sub", topic, T, Q)
+    first = wait_for(lambda: late.of("msg", id=k_late), 15)
+    late_wait = (first[0]["at"] - t_late) if first else None
+    time.sleep(max(0.0, AFTER_KILL_S - (time.monotonic() - t_kill)))
+    return late, first, late_wait, t_kill
+
+
 @pytest.mark.parametrize("backend", ["dds", "rclpy"])
 def test_a_killed_subscriber_stalls_nothing(backend):
     require_ros()
@@ -76,15 +92,7 @@ def test_a_killed_subscriber_stalls_nothing(backend):
         assert wait_for(lambda: len(victim.received(k_a)) > 50 and len(other.received(k_b)) > 50,
                         10), "the streams did not start"
         before = host.call("lag", reset=True)
-        t_kill = time.monotonic()
-        victim.proc.kill()                                   # SIGKILL: no goodbye on the wire
-        victim.proc.wait(10)
-        late = Peer("rclpy", env)
-        t_late = time.monotonic()
-        k_late = late.endpoint("sub", a, T, Q)
-        first = wait_for(lambda: late.of("msg", id=k_late), 15)
-        late_wait = (first[0]["at"] - t_late) if first else None
-        time.sleep(max(0.0, AFTER_KILL_S - (time.monotonic() - t_kill)))
+        late, first, late_wait, t_kill = kill_and_replace(victim, a, env)
         host.call("stream", slot=1, period_ms=0)
         host.call("stream", slot=2, period_ms=0)
         after = host.call("lag")
@@ -158,15 +166,7 @@ def test_a_killed_subscriber_through_the_gateway_stalls_nothing(backend):
         assert wait_for(lambda: len(victim.received(k_a)) > 50 and len(other.received(k_b)) > 50,
                         10), "the streams did not start"
         gw0, link0 = dict(bridge.gw.counters()), dict(bridge.driver.counters())
-        t_kill = time.monotonic()
-        victim.proc.kill()
-        victim.proc.wait(10)
-        late = Peer("rclpy", env)
-        t_late = time.monotonic()
-        k_late = late.endpoint("sub", a, T, Q)
-        first = wait_for(lambda: late.of("msg", id=k_late), 15)
-        late_wait = (first[0]["at"] - t_late) if first else None
-        time.sleep(max(0.0, AFTER_KILL_S - (time.monotonic() - t_kill)))
+        late, first, late_wait, t_kill = kill_and_replace(victim, a, env)
         stop.set()
         th.join(5)
         wait_for(lambda: len(other.received(k_b)) >= sent[2], 5)
