@@ -39,6 +39,9 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
                 # top-level package once installed (pip install .)
                 here = os.path.dirname(os.path.abspath(__file__))
                 sys.path.insert(1, os.path.join(here, "ports", "cpython"))
+                import ubrb_host
+
+                ubrb_host.catch_stray_interrupts()  # a Ctrl-C CPython cannot raise: kept for later
                 from ubrb_host.gateway import main  # type: ignore[assignment]
         except ImportError as e:
             print("ubrb_min.py: no gateway port next to this file (%s): run it from the source "

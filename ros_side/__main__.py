@@ -10,8 +10,7 @@ Direct mode: runs the gateway core in-process and serves UBRB clients itself, no
     python -m ros_side --listen 0.0.0.0:8268
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import ...`: it is an import too, and it would run before the guard below)
 import sys
 
 
@@ -34,16 +33,19 @@ def _use_source_tree() -> None:
 # for `python -m ros_side`, as later in start-up (host_cli.run_program); imported (the console
 # script: ros_side.main), the importer says so the same way.
 try:
+    _use_source_tree()
+    if __name__ == "__main__":  # a program, not a module imported by the console script or a test
+        import ubrb_host
+
+        ubrb_host.catch_stray_interrupts()
+
     import argparse
     import logging
     import selectors
-    import signal
     import time
     from typing import Any, List, Optional
 
     from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args
-
-    _use_source_tree()
 
     import ubrb_min as core
     import ubrb_setup
@@ -172,8 +174,7 @@ def run_direct(args: argparse.Namespace) -> int:
                                    link=CompanionPump(companion))
         except OSError as e:
             raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
-        signal.signal(signal.SIGINT, server.stop)
-        signal.signal(signal.SIGTERM, server.stop)
+        host_cli.stop_on_signals(server.stop)
     except BaseException:
         companion.close()
         raise
@@ -226,8 +227,7 @@ def run_link(args: argparse.Namespace) -> int:
         except (OSError, RuntimeError, ValueError) as e:
             raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
         companion.sink = end
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+        host_cli.stop_on_signals(stop)
     except BaseException:
         companion.close()
         raise

@@ -24,10 +24,37 @@ the launchers; installed (``pip install .``) it is a top-level package of its ow
 """
 
 
+# A Ctrl-C (KeyboardInterrupt) that CPython could not raise where it landed: inside a weakref
+# callback or a __del__ (importlib's module-lock clean-up while a module loads is one), CPython
+# prints "Exception ignored in ..." and goes on - the program would start and serve as if no
+# Ctrl-C had come. catch_stray_interrupts() keeps it here instead; cli.stop_on_signals raises it
+# where the program puts its own SIGINT handler in place.
+stray_interrupt = False
+
+
+def catch_stray_interrupts() -> None:
+    """Keep a KeyboardInterrupt CPython reports as unraisable (see stray_interrupt), in place of
+    its 'Exception ignored' lines; every other unraisable exception goes to the hook there was.
+    The programs call it first thing (ubrb_min.py's launcher, ros_side's __main__)."""
+    import sys
+
+    previous = sys.unraisablehook
+
+    def hook(unraisable: "sys.UnraisableHookArgs") -> None:
+        global stray_interrupt
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            stray_interrupt = True
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def gateway_main() -> int:
     """The `ubrb-gateway` command (setup.py): ubrb_host.gateway.main, imported here so that a
     Ctrl-C while the program loads is the quiet exit 130 of the rest of start-up too."""
     try:
+        catch_stray_interrupts()
         from .gateway import main
 
         return main()

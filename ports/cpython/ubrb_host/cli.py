@@ -503,7 +503,8 @@ def run_program(prog: str, main: Callable[[Optional[List[str]]], int],
     """Call main(argv) and turn every expected failure into one line and its exit code; with
     --log-level debug (or -vv) an unexpected one keeps its traceback. Ctrl-C (KeyboardInterrupt)
     before the program has put its own SIGINT handler in place - while it starts - is a quiet
-    EXIT_INTERRUPTED, also while one of those lines is being printed."""
+    EXIT_INTERRUPTED, also while one of those lines is being printed, or when CPython wrapped it
+    in another exception (interrupted)."""
     try:
         try:
             return main(argv)
@@ -511,12 +512,16 @@ def run_program(prog: str, main: Callable[[Optional[List[str]]], int],
             print(f"{prog}: {e}", file=sys.stderr)
             return e.code
         except ImportError as e:
+            if interrupted(e):
+                return EXIT_INTERRUPTED
             line = missing_dependency(e)
             if line is None or _debugging():
                 raise
             print(f"{prog}: {line}", file=sys.stderr)
             return EXIT_RUNTIME
         except Exception as e:
+            if interrupted(e):  # a Ctrl-C CPython wrapped in another exception
+                return EXIT_INTERRUPTED
             if _debugging():
                 raise
             print(f"{prog}: {type(e).__name__}: {e} (--log-level debug shows where)",
@@ -524,6 +529,20 @@ def run_program(prog: str, main: Callable[[Optional[List[str]]], int],
             return EXIT_RUNTIME
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def interrupted(e: BaseException) -> bool:
+    """True when `e` is a Ctrl-C in disguise: a KeyboardInterrupt among its causes. CPython 3.11
+    wraps one raised while a class is made (__set_name__, e.g. while a library is imported) in a
+    RuntimeError."""
+    seen = 0
+    cause: Optional[BaseException] = e
+    while cause is not None and seen < 16:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return False
 
 
 def _debugging() -> bool:
@@ -547,6 +566,18 @@ def log_counters(groups: Dict[str, Dict[str, int]],
                  logger: Optional[logging.Logger] = None) -> None:
     for line in format_counters(groups).splitlines():
         (logger or log).info(line)
+
+
+def stop_on_signals(stop: Callable[..., Any]) -> None:
+    """SIGINT (Ctrl-C) and SIGTERM call `stop` from now on: the program serves, and stops cleanly.
+    A Ctrl-C that came earlier but was lost in a callback (ubrb_host.catch_stray_interrupts) is
+    raised now, as the KeyboardInterrupt it was: still start-up, exit 130."""
+    import ubrb_host
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    if ubrb_host.stray_interrupt:
+        raise KeyboardInterrupt
 
 
 class CountersOnSignal:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from typing import Any, Dict, List, Optional
 
 import ubrb_min as core
@@ -100,8 +99,7 @@ def run(argv: Optional[List[str]] = None) -> int:
         server = GatewayServer(gw, cli.parse_hostport(args.listen), link=link)
     except OSError as e:
         raise cli.Fatal(f"cannot listen on {args.listen}: {cli.os_problem(e)}")
-    signal.signal(signal.SIGINT, server.stop)
-    signal.signal(signal.SIGTERM, server.stop)
+    cli.stop_on_signals(server.stop)
 
     def counters() -> Dict[str, Dict[str, int]]:
         return {"gateway": gw.counters(), "link": link.counters() if link is not None else {}}
