@@ -23,9 +23,12 @@ def main(argv=None):
     imported here so that a Ctrl-C while the program loads is a quiet exit 130, as under
     `python -m ros_side`."""
     try:
-        from ubrb_host import catch_stray_interrupts
-
-        catch_stray_interrupts()
+        try:
+            from ubrb_host import catch_stray_interrupts
+        except ImportError:  # a source tree: ros_side.__main__ puts ubrb_host on sys.path
+            pass
+        else:
+            catch_stray_interrupts()
         from .__main__ import main as run
 
         return run(argv)

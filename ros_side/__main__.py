@@ -10,7 +10,7 @@ Direct mode: runs the gateway core in-process and serves UBRB clients itself, no
     python -m ros_side --listen 0.0.0.0:8268
 """
 
-# (no `from __future__ import ...`: it is an import too, and it would run before the guard below)
+# (no `from __future__ import ...`: that is an import too, run before the guard below)
 import sys
 
 
@@ -29,35 +29,39 @@ def _use_source_tree() -> None:
             sys.path.insert(0, path)
 
 
-# Ctrl-C while the program loads (these imports take a good part of a second) is a quiet exit 130
-# for `python -m ros_side`, as later in start-up (host_cli.run_program); imported (the console
-# script: ros_side.main), the importer says so the same way.
-try:
-    _use_source_tree()
-    if __name__ == "__main__":  # a program, not a module imported by the console script or a test
+# `python -m ros_side` runs this file as `__main__`, and this copy only hands over: the program is
+# the same file imported as ros_side.__main__ (which skips this block), inside the Ctrl-C guard,
+# as ubrb_min.py's launcher does it. A Ctrl-C while the program's imports and definitions run (a
+# good part of a second) or before run_program's own handling is a quiet exit 130, as later in
+# start-up; the console script (ros_side.main) guards the same way.
+if __name__ == "__main__":
+    try:
+        _use_source_tree()
         import ubrb_host
 
-        ubrb_host.catch_stray_interrupts()
+        ubrb_host.catch_stray_interrupts()  # a Ctrl-C CPython cannot raise: kept for later
+        from ros_side.__main__ import main as _main
 
-    import argparse
-    import logging
-    import selectors
-    import time
-    from typing import Any, List, Optional
+        sys.exit(_main())
+    except KeyboardInterrupt:
+        sys.exit(130)
 
-    from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args
+_use_source_tree()
 
-    import ubrb_min as core
-    import ubrb_setup
-    from ubrb_host import cli as host_cli
-    from ubrb_host import link as host_link
-    from ubrb_host.loop import GatewayServer, contained, mapped_buffer
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import selectors  # noqa: E402
+import time  # noqa: E402
+from typing import Any, List, Optional  # noqa: E402
 
-    from .link_end import LinkCompanionEnd
-except KeyboardInterrupt:
-    if __name__ != "__main__":
-        raise
-    sys.exit(130)
+import ubrb_min as core  # noqa: E402
+import ubrb_setup  # noqa: E402
+from ubrb_host import cli as host_cli  # noqa: E402
+from ubrb_host import link as host_link  # noqa: E402
+from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
+
+from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args  # noqa: E402
+from .link_end import LinkCompanionEnd  # noqa: E402
 
 log = logging.getLogger("ros_side")
 
@@ -314,9 +318,3 @@ def run(argv: Optional[List[str]] = None) -> int:
     args.link = args.link or DEFAULT_LINK
     return run_link(args)
 
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # in the instant before main's own handling (run_program) is in place
-        sys.exit(130)
