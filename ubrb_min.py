@@ -1735,8 +1735,11 @@ _LK_RTO_MIN = const(40)
 _LK_RTO_MAX = const(2000)
 LK_FRAG_MS = const(2000)
 _LK_ACK_REP_MS = const(30)
-_LK_WMAX = const(32)        # largest window; the frame table has one entry per frame in flight:
+_LK_WMAX = const(64)        # largest window; the frame table has one entry per frame in flight:
 _LK_FT_MASK = const(_LK_WMAX - 1)  # at most peer_window <= _LK_WMAX, so seq & _LK_FT_MASK is unique
+_LK_FS_RETX = const(1)      # frame table flags: sent more than once (no RTT sample from it),
+_LK_FS_SACK = const(2)      # ... reported held by the peer (a selective ack),
+_LK_FS_LOST = const(4)      # ... deemed lost: sent again before any new frame
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
@@ -1996,7 +1999,7 @@ class LinkSession:
 
     def __init__(self, handler, epoch, gateway=True, datagram=False,
                  max_frame=1024, max_message=16384, window=8,
-                 rel_bytes=65536, be_bytes=32768, max_slots=256, key=None, nonce=None):
+                 rel_bytes=65536, be_bytes=32768, max_slots=256, key=None, nonce=None, hold=0):
         if max_frame < 64 or max_frame > 65535:
             raise ValueError("max_frame")
         if max_message >= 1 << 24:
@@ -2037,15 +2040,25 @@ class LinkSession:
         self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
         # record header being parsed: type, slot, length (varints)
         self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
-        # -- reliable class: a ring of wire records, go-back-N over a frame table of _LK_WMAX
-        # entries (offsets < 2**31 and lengths < 2**16 as arrays: half a list's heap or less)
+        # -- reliable class: a ring of wire records, selective repeat over a frame table of
+        # _LK_WMAX entries (offsets < 2**31 and lengths < 2**16 as arrays: half a list's heap)
         self.rel = bytearray(rel_bytes)
         self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
         self.rel_queued = 0
         self.frame_off = array("i", bytes(4 * _LK_WMAX))  # per seq & _LK_FT_MASK: body in `rel`
         self.frame_len = array("H", bytes(2 * _LK_WMAX))
         self.frame_sent_at = [0] * _LK_WMAX  # ms: a list (CPython's clock outgrows an array's int)
-        self.frame_retx = bytearray(_LK_WMAX)
+        self.frame_st = bytearray(_LK_WMAX)  # _LK_FS_* flags of each frame in flight
+        # receiving: up to `hold` frames ahead of a gap are kept (rounded up to a power of two
+        # <= _LK_WMAX: the slot of seq s is s & (hold - 1)) and reported in SACKs; 0 keeps none
+        # (a board: the sender then goes back over what was not kept, on our NAK)
+        h = 8
+        while h < hold and h < _LK_WMAX:
+            h *= 2
+        self.hold = h if hold > 0 else 0
+        self.hold_buf = bytearray(self.hold * max_frame)
+        self.hold_len = array("H", bytes(2 * self.hold))  # 0: the slot is empty
+        self.hold_seq = bytearray(self.hold)
         self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
@@ -2083,10 +2096,19 @@ class LinkSession:
     def _reset_stream(self):
         # a new peer incarnation: nothing of the old stream may leak into it
         self.stat_counts[_LKC_REL_RESET_BYTES] += self.rel_queued
-        self.una = self.nxt = self.snd = 0
+        self.una = self.nxt = 0
         self.rel_head = self.rel_queued = self.rel_framed = 0
+        self.lost_n = self.sack_n = 0  # frames in flight marked lost (to resend) / reported held
+        self.fack = 0  # the highest seq the peer reported held (valid while above una)
+        self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
+        self.cwnd = _LK_WMAX  # frames we let be in the network (<= peer_window); 1 after an RTO
+        self.reo = 0  # ms a frame may be overtaken by later ones before it is deemed lost
         self.rel_rx_expected = 0
+        self.held = 0  # frames kept in hold_buf
+        for i in range(self.hold):
+            self.hold_len[i] = 0
         self.ack_pending = False
+        self.sack_pending = False
         self.ack_rep = 0
         self.nak_pending = False
         self.nak_for = -1
@@ -2359,8 +2381,12 @@ class LinkSession:
         if self.hello_reply:
             return self._hello(now)
         self._timer(now)
-        rel = self.snd != self.nxt or (self.rel_queued > self.rel_framed and
-                                       ((self.nxt - self.una) & 255) < self.peer_window)
+        if self.sack_pending:            # what we hold goes out before anything else
+            return self._ack(now)
+        inflight = (self.nxt - self.una) & 255
+        w = self.cwnd if self.cwnd < self.peer_window else self.peer_window
+        rel = inflight - self.sack_n - self.lost_n < w and (
+            self.lost_n or (self.rel_queued > self.rel_framed and inflight < self.peer_window))
         if rel and (self.turn == 0 or self.be_live == 0):
             self.turn = 1
             return self._rel_frame(now)
@@ -2370,13 +2396,41 @@ class LinkSession:
         if self.ack_pending or self.nak_pending or now - self.last_tx >= _LK_HB_MS or \
                 (self.ack_rep and now - self.ack_rep >= 0):
             self.ack_rep = 0
-            return self._seal(self._head(LK_ACK, 0, 0), self.seed, now)
+            return self._ack(now)
         return 0
 
+    def _ack(self, now):
+        # an ACK frame; while frames are held past a gap its body is the SACK bitmap, hold / 8
+        # bytes: bit i & 7 of byte i >> 3 is "I hold seq ack + 1 + i"
+        self.sack_pending = False
+        if self.held == 0:
+            return self._seal(self._head(LK_ACK, 0, 0), self.seed, now)
+        tx = self.tx_buf
+        L = self._head(LK_ACK, 0, self.hold >> 3)
+        for i in range(_LK_HDR, _LK_HDR + (self.hold >> 3)):
+            tx[i] = 0
+        e = self.rel_rx_expected
+        m = self.hold - 1
+        for i in range(self.hold):
+            s = (e + 1 + i) & 255
+            j = s & m
+            if self.hold_len[j] and self.hold_seq[j] == s:
+                tx[8 + (i >> 3)] |= 1 << (i & 7)
+        return self._seal(L, self.seed, now)
+
     def _rel_frame(self, now):
-        s = self.snd
-        i = s & _LK_FT_MASK
-        if s == self.nxt:                    # new frame: as much as fits
+        if self.lost_n:                      # the oldest frame deemed lost, as it was
+            s = self.una
+            while not self.frame_st[s & _LK_FT_MASK] & _LK_FS_LOST:
+                s = (s + 1) & 255
+            i = s & _LK_FT_MASK
+            self.frame_st[i] = _LK_FS_RETX
+            self.lost_n -= 1
+            self.stat_counts[_LKC_RETX] += 1
+            n = self.frame_len[i]
+        else:                                # new frame: as much as fits
+            s = self.nxt
+            i = s & _LK_FT_MASK
             n = self.rel_queued - self.rel_framed
             m = self.peer_max_frame - self.ovh
             if n > m:
@@ -2387,13 +2441,9 @@ class LinkSession:
                 pos -= cap
             self.frame_off[i] = pos
             self.frame_len[i] = n
-            self.frame_retx[i] = 0
+            self.frame_st[i] = 0
             self.rel_framed += n
             self.nxt = (s + 1) & 255
-        else:                                # go-back-N: same boundaries as before
-            self.frame_retx[i] = 1
-            self.stat_counts[_LKC_RETX] += 1
-            n = self.frame_len[i]
         L = self._head(LK_REL, s, n)
         pos = self.frame_off[i]
         if pos + n <= len(self.rel):         # no wrap (the usual case): one copy, no call
@@ -2401,7 +2451,6 @@ class LinkSession:
         else:
             _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, pos, n)
         self.frame_sent_at[i] = now
-        self.snd = (s + 1) & 255
         return self._seal(L, self.seed, now)
 
     def _be_frame(self, now):
@@ -2451,12 +2500,58 @@ class LinkSession:
 
     # ---- time ----------------------------------------------------------------
     def _timer(self, now):
-        # retransmission timeout on the oldest unacked frame -> go back N
-        if self.nxt != self.una and self.snd != self.una:
-            if now - self.frame_sent_at[self.una & _LK_FT_MASK] >= self.rto:
-                self.snd = self.una
+        # the retransmission timeout, on the oldest unacked frame: nothing came back for a
+        # whole RTO, so every frame in flight the peer did not report held is deemed lost, the
+        # RTO doubles (up to _LK_RTO_MAX) and one frame at a time probes the line again
+        i = self.una & _LK_FT_MASK
+        n = (self.nxt - self.una) & 255
+        # (una deemed lost but not sent again yet times out only if the frames in the network
+        # keep it waiting: with none there, it goes out at the next poll_tx)
+        if n and (not self.frame_st[i] & _LK_FS_LOST or n - self.sack_n - self.lost_n > 0):
+            if now - self.frame_sent_at[i] >= self.rto:
+                self._lose(-1)
                 self.stat_counts[_LKC_TIMEOUTS] += 1
                 self.rto = min(self.rto * 2, _LK_RTO_MAX)
+                self.cwnd = 1
+                return
+        if self.rack_at >= 0 and now - self.rack_at >= 0:
+            self._lose(now)
+
+    def _lose(self, now):
+        # Mark lost the frames in flight below the highest one the peer reported held (fack)
+        # that have been out longer than a round trip and a reordering allowance (so a frame
+        # merely overtaken is not sent twice): RACK, with seq order for "sent before". now < 0:
+        # every frame not reported held (an RTO, a go-back on NAK, a resumed session).
+        n = (self.nxt - self.una) & 255
+        f = n
+        if now >= 0:
+            f = (self.fack - self.una) & 255
+            if f >= n:
+                f = 0
+        r = self.srtt >> 2
+        if self.rttvar > r:
+            r = self.rttvar
+        if self.reo > r:
+            r = self.reo
+        wait = self.srtt + r + 2
+        if wait >= self.rto:  # before the RTO, or the RTO would find every loss first
+            wait = self.rto - 1
+        st = self.frame_st
+        t = self.frame_sent_at
+        self.rack_at = -1
+        s = self.una
+        for _ in range(f):
+            i = s & _LK_FT_MASK
+            if not st[i] & (_LK_FS_SACK | _LK_FS_LOST):
+                if now < 0 or now - t[i] >= wait:
+                    st[i] |= _LK_FS_LOST
+                    self.lost_n += 1
+                    if now >= 0:
+                        self.stat_counts[_LKC_FAST_RETX] += 1
+                        self.reo -= self.reo >> 4
+                elif self.rack_at < 0 or t[i] + wait - self.rack_at < 0:
+                    self.rack_at = t[i] + wait
+            s = (s + 1) & 255
 
     def tick(self, now):
         self.now = now
@@ -2482,6 +2577,8 @@ class LinkSession:
             self.ack_rep -= d
         self.nak_t -= d
         self.go_back_at -= d
+        if self.rack_at >= 0:
+            self.rack_at -= d
         if self.bad_ack_at >= 0:
             self.bad_ack_at -= d
         self.frag_started_at -= d
@@ -2588,22 +2685,35 @@ class LinkSession:
             return
         self.last_rx = now
         a = b[p + 7]
-        if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0:  # else: nothing to do
-            self._on_ack(a, ctl & _LK_NAK, now)
+        end = p + L - 4 - self.tag
+        sack = (end - p - _LK_HDR) << 3 if kind == LK_ACK else 0  # bits of SACK bitmap
+        if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0 or sack:  # else: nothing new
+            self._on_ack(a, ctl & _LK_NAK, b, p + _LK_HDR, sack, now)
             if self.state != LINK_UP:     # the ack told of a desync
                 return
         seq = b[p + 6]
-        end = p + L - 4 - self.tag
         if kind == LK_REL:
             d = (seq - self.rel_rx_expected) & 255
             if d == 0:
-                self.rel_rx_expected = (self.rel_rx_expected + 1) & 255
+                self.rel_rx_expected = (seq + 1) & 255
                 self.ack_pending = True
                 self.nak_for = -1
                 self._rel_body(b, p + _LK_HDR, end)
+                if self.held:
+                    self._release(seq)
             elif d < 128:
                 self.stat_counts[_LKC_OOO] += 1
-                if self.nak_for != self.rel_rx_expected or now - self.nak_t >= _LK_ACK_REP_MS:
+                if d <= self.hold:            # kept until the gap before it is filled
+                    j = seq & (self.hold - 1)
+                    if not self.hold_len[j] or self.hold_seq[j] != seq:
+                        if not self.hold_len[j]:
+                            self.held += 1
+                        n = end - p - _LK_HDR
+                        copy_into(self.hold_buf, j * self.max_frame, b, p + _LK_HDR, n)
+                        self.hold_len[j] = n
+                        self.hold_seq[j] = seq
+                    self.sack_pending = True
+                elif self.nak_for != self.rel_rx_expected or now - self.nak_t >= _LK_ACK_REP_MS:
                     self.nak_pending = True
                     self.nak_for = self.rel_rx_expected
                     self.nak_t = now
@@ -2619,6 +2729,26 @@ class LinkSession:
                 self._be_frag(b, p + _LK_HDR, end, seq, now)
         elif kind != LK_ACK:
             self.stat_counts[_LKC_PROTO] += 1
+
+    def _release(self, s):
+        # frame s was delivered: forget a copy of it we may hold, then deliver the frames held
+        # behind it that are next in order
+        m = self.hold - 1
+        j = s & m
+        if self.hold_len[j] and self.hold_seq[j] == s:
+            self.hold_len[j] = 0
+            self.held -= 1
+        while self.held:
+            e = self.rel_rx_expected
+            j = e & m
+            n = self.hold_len[j]
+            if not n or self.hold_seq[j] != e:
+                return
+            self.hold_len[j] = 0
+            self.held -= 1
+            self.rel_rx_expected = (e + 1) & 255
+            p = j * self.max_frame
+            self._rel_body(self.hold_buf, p, p + n)
 
     def _be_dup(self, seq):
         # best-effort frames are never delivered twice (UDP may duplicate them): seqs mod 256
@@ -2675,7 +2805,7 @@ class LinkSession:
             self.stat_counts[_LKC_UP] += 1
             self.used = True
             self.bad_ack_at = -1
-            self.snd = self.una        # resume: resend whatever was unacked
+            self._lose(-1)             # resume: resend whatever the peer does not hold
             self.nak_for = -1
             fresh = self.fresh
             self.fresh = False
@@ -2714,13 +2844,23 @@ class LinkSession:
         self.fresh = True
         self.hello_at = now
 
-    def _on_ack(self, a, nak, now):
+    def _on_ack(self, a, nak, b, q, bits, now):
+        # `a`: the peer's next expected seq; at b[q] `bits` bits of its SACK bitmap (0: none)
         una = self.una
         k = (a - una) & 255
         inflight = (self.nxt - una) & 255
-        if 0 < k <= inflight:
+        if k > inflight:
+            # an ack of what we never sent: a delayed frame, or the ends disagree about the stream
+            if self.bad_ack_at < 0:
+                self.bad_ack_at = now
+            elif now - self.bad_ack_at >= _LK_DESYNC_MS:
+                self._desync(now)
+            return
+        self.bad_ack_at = -1
+        st = self.frame_st
+        sample = -1  # the newest frame acked now that was sent once: an RTT sample
+        if k:
             cap = len(self.rel)
-            last = -1
             while una != a:
                 i = una & _LK_FT_MASK
                 L = self.frame_len[i]
@@ -2730,28 +2870,60 @@ class LinkSession:
                 self.rel_head = h
                 self.rel_queued -= L
                 self.rel_framed -= L
-                last = i if not self.frame_retx[i] else -1
+                f = st[i]
+                if f & _LK_FS_LOST:
+                    self.lost_n -= 1
+                if f & _LK_FS_SACK:
+                    self.sack_n -= 1
+                elif not f & _LK_FS_RETX:
+                    sample = i
+                elif now - self.frame_sent_at[i] < self.srtt >> 1:
+                    self._overtaken()
                 una = (una + 1) & 255
-            if ((self.snd - self.una) & 255) < k:
-                self.snd = a
             self.una = a
-            if last >= 0:
-                self._rtt(now - self.frame_sent_at[last])
             inflight -= k
-        elif k > inflight:
-            # an ack of what we never sent: a delayed frame, or the ends disagree about the stream
-            if self.bad_ack_at < 0:
-                self.bad_ack_at = now
-            elif now - self.bad_ack_at >= _LK_DESYNC_MS:
-                self._desync(now)
-            return
-        self.bad_ack_at = -1
-        if nak and inflight and self.snd != una:
-            # the peer saw a gap at `una`: go back now rather than at RTO
+            self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
+            if self.cwnd > _LK_WMAX:
+                self.cwnd = _LK_WMAX
+        if bits:
+            top = 0
+            for d in range(1, inflight if inflight <= bits else bits + 1):  # bit d - 1: a + d
+                if b[q + ((d - 1) >> 3)] & (1 << ((d - 1) & 7)):
+                    top = d
+                    i = (a + d) & _LK_FT_MASK
+                    f = st[i]
+                    if not f & _LK_FS_SACK:
+                        if f & _LK_FS_LOST:
+                            self.lost_n -= 1
+                        elif not f & _LK_FS_RETX:
+                            sample = i
+                        elif now - self.frame_sent_at[i] < self.srtt >> 1:
+                            self._overtaken()
+                        st[i] = (f & _LK_FS_RETX) | _LK_FS_SACK
+                        self.sack_n += 1
+            f = (self.fack - a) & 255
+            if top and (f >= inflight or top > f):
+                self.fack = (a + top) & 255
+        if sample >= 0:
+            self._rtt(now - self.frame_sent_at[sample])
+        if not inflight:
+            self.rack_at = -1
+        elif nak:
+            # the peer dropped a frame after a gap it could not hold: go back over every frame
+            # it does not hold, once a round trip at most (the NAK repeats while the gap lasts)
             if now - self.go_back_at >= (self.srtt if self.srtt > 10 else 10):
                 self.go_back_at = now
-                self.snd = una
+                self._lose(-1)
                 self.stat_counts[_LKC_FAST_RETX] += 1
+        elif bits:
+            self._lose(now)
+
+    def _overtaken(self):
+        # a frame sent again was acked sooner than its second copy could have been: the first
+        # had only been overtaken. Wait longer before calling a frame lost (down again, 1/16
+        # each time one is: RACK's reordering window, adapted without DSACK)
+        r = self.reo + (self.srtt >> 2) + 1
+        self.reo = r if r < self.srtt + 50 else self.srtt + 50
 
     def _rtt(self, r):
         if self.srtt == 0:

@@ -499,7 +499,7 @@ def parse_hostport(text, allow_zero=False):
     return host, n
 
 
-def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
+def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU, board=_MICROPYTHON):
     """The buffers of one link session, for either end and every port: a dict with max_message,
     max_frame, window, rel_bytes (reliable send ring), be_bytes (best-effort ring) and total
     (every buffer the session allocates). Rings follow the largest message, so a small profile
@@ -518,15 +518,23 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU):
     else:
         rel = max(4 * _KIB, (8 * (mm + LK_RHDR_MAX) + 2) // 3)
     be = max(4 * _KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
-    total = frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
+    # Frames received past a gap are kept (selective repeat) for a whole window, except on a
+    # board: a window of 1400-byte frames is more heap than it has, and the sender goes back
+    # over the frames a board did not keep (its NAK), as the link did before SACK.
+    hold = 0 if board else window
+    total = (frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
+             + hold * frame)
     return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
-            "be_bytes": be, "total": total}
+            "be_bytes": be, "hold": hold, "total": total}
 
 
 def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
-                     max_slots=256, key=None, nonce=None):
+                     max_slots=256, key=None, nonce=None, window=0):
     """A LinkSession sized by link_sizes(): how every port and the companion make one. `key`:
-    the link key (bytes) or None; `nonce`: the port's random source for new epochs."""
+    the link key (bytes) or None; `nonce`: the port's random source for new epochs; `window`:
+    the receive window, if not link_sizes' (the CPython UDP end announces a wider one)."""
     z = link_sizes(max_message, datagram, mtu)
+    w = window or z["window"]
     return core.LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
-                       z["window"], z["rel_bytes"], z["be_bytes"], max_slots, key, nonce)
+                            w, z["rel_bytes"], z["be_bytes"], max_slots, key, nonce,
+                            w if z["hold"] else 0)

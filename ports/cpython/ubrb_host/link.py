@@ -38,7 +38,7 @@ REOPEN_MS = 500
 AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames per 10 s
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
 RCVBUF = 4 * ubrb_setup.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
-UDP_WINDOW = 32  # frames a CPython end lets be in flight towards it on UDP (udp_window)
+UDP_WINDOW = 64  # frames a CPython end lets be in flight towards it on UDP (udp_window)
 
 # Linux UDP segmentation offload (linux/udp.h): one sendmsg carries several same-size datagrams
 # (UDP_SEGMENT, Linux >= 4.18) and one recvmsg returns several (UDP_GRO, Linux >= 5.0). Every
@@ -509,10 +509,12 @@ def open_link(url: str, gateway: bool, max_message: int, baud: int = 115200,
     caller puts its end on the session: ubrb_min.LinkRosPort (gateway) or
     ros_side.link_end.LinkCompanionEnd (companion)."""
     t = open_transport(url, gateway, baud)
-    s = ubrb_setup.new_link_session(None, new_epoch() if epoch is None else epoch, gateway, t.datagram,
-                           max_message, mtu or ubrb_setup.LINK_DEFAULT_MTU, max_slots, key, new_epoch)
-    if t.datagram:
-        s.window = udp_window(s.window, s.max_frame)
+    mtu = mtu or ubrb_setup.LINK_DEFAULT_MTU
+    z = ubrb_setup.link_sizes(max_message, t.datagram, mtu)
+    window = udp_window(z["window"], z["max_frame"]) if t.datagram else 0
+    s = ubrb_setup.new_link_session(None, new_epoch() if epoch is None else epoch, gateway,
+                                    t.datagram, max_message, mtu, max_slots, key, new_epoch,
+                                    window)
     return s, LinkDriver(t, s)
 
 
