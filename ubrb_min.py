@@ -2111,8 +2111,7 @@ class LinkSession:
         self.sack_pending = False
         self.ack_rep = 0
         self.nak_pending = False
-        self.nak_for = -1
-        self.nak_t = 0
+        self.nak_late = False  # a NAK came while the last go-back was still on its way
         self.go_back_at = -100000
         self.rec_have = 0
         self.rec_need = 0
@@ -2514,6 +2513,8 @@ class LinkSession:
                 self.rto = min(self.rto * 2, _LK_RTO_MAX)
                 self.cwnd = 1
                 return
+        if self.nak_late and now - self.go_back_at >= self._wait():
+            self._go_back(now)
         if self.rack_at >= 0 and now - self.rack_at >= 0:
             self._lose(now)
 
@@ -2528,14 +2529,7 @@ class LinkSession:
             f = (self.fack - self.una) & 255
             if f >= n:
                 f = 0
-        r = self.srtt >> 2
-        if self.rttvar > r:
-            r = self.rttvar
-        if self.reo > r:
-            r = self.reo
-        wait = self.srtt + r + 2
-        if wait >= self.rto:  # before the RTO, or the RTO would find every loss first
-            wait = self.rto - 1
+        wait = self._wait()
         st = self.frame_st
         t = self.frame_sent_at
         self.rack_at = -1
@@ -2575,7 +2569,6 @@ class LinkSession:
         self.last_tx -= d
         if self.ack_rep:  # 0 means "no repeat scheduled"
             self.ack_rep -= d
-        self.nak_t -= d
         self.go_back_at -= d
         if self.rack_at >= 0:
             self.rack_at -= d
@@ -2697,7 +2690,6 @@ class LinkSession:
             if d == 0:
                 self.rel_rx_expected = (seq + 1) & 255
                 self.ack_pending = True
-                self.nak_for = -1
                 self._rel_body(b, p + _LK_HDR, end)
                 if self.held:
                     self._release(seq)
@@ -2713,10 +2705,8 @@ class LinkSession:
                         self.hold_len[j] = n
                         self.hold_seq[j] = seq
                     self.sack_pending = True
-                elif self.nak_for != self.rel_rx_expected or now - self.nak_t >= _LK_ACK_REP_MS:
+                else:                         # not kept: each one tells the peer of the gap
                     self.nak_pending = True
-                    self.nak_for = self.rel_rx_expected
-                    self.nak_t = now
             else:
                 self.stat_counts[_LKC_DUP] += 1
                 self.ack_pending = True
@@ -2806,7 +2796,6 @@ class LinkSession:
             self.used = True
             self.bad_ack_at = -1
             self._lose(-1)             # resume: resend whatever the peer does not hold
-            self.nak_for = -1
             fresh = self.fresh
             self.fresh = False
             self.handler.link_up(fresh)
@@ -2881,6 +2870,7 @@ class LinkSession:
                     self._overtaken()
                 una = (una + 1) & 255
             self.una = a
+            self.nak_late = False
             inflight -= k
             self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
             if self.cwnd > _LK_WMAX:
@@ -2906,17 +2896,37 @@ class LinkSession:
                 self.fack = (a + top) & 255
         if sample >= 0:
             self._rtt(now - self.frame_sent_at[sample])
+        elif k and self.srtt:
+            self._set_rto()  # new data through: drop the backoff (Karn's samples may be rare)
         if not inflight:
             self.rack_at = -1
         elif nak:
             # the peer dropped a frame after a gap it could not hold: go back over every frame
-            # it does not hold, once a round trip at most (the NAK repeats while the gap lasts)
-            if now - self.go_back_at >= (self.srtt if self.srtt > 10 else 10):
-                self.go_back_at = now
-                self._lose(-1)
-                self.stat_counts[_LKC_FAST_RETX] += 1
+            # it does not hold; once per round trip (NAKs of frames sent before the last
+            # go-back are still coming), a NAK within it remembered for when it is over
+            if now - self.go_back_at >= self._wait():
+                self._go_back(now)
+            else:
+                self.nak_late = True
         elif bits:
             self._lose(now)
+
+    def _wait(self):
+        # how long a frame may be out before a later one's arrival makes it lost: a round trip
+        # and the reordering allowance, but less than the RTO (which would find every loss first)
+        r = self.srtt >> 2
+        if self.rttvar > r:
+            r = self.rttvar
+        if self.reo > r:
+            r = self.reo
+        r += self.srtt + 2
+        return r if r < self.rto else self.rto - 1
+
+    def _go_back(self, now):
+        self.go_back_at = now
+        self.nak_late = False
+        self._lose(-1)
+        self.stat_counts[_LKC_FAST_RETX] += 1
 
     def _overtaken(self):
         # a frame sent again was acked sooner than its second copy could have been: the first
@@ -2935,6 +2945,9 @@ class LinkSession:
                 d = -d
             self.rttvar = (3 * self.rttvar + d) >> 2
             self.srtt = (7 * self.srtt + r) >> 3
+        self._set_rto()
+
+    def _set_rto(self):
         v = self.rttvar * 4
         if v < 20:
             v = 20

@@ -5,7 +5,7 @@
 # Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
 import ubrb_min as U
 from scripted import Client, ScriptedRos, profile
-from test_link import Pair
+from link_rig import Pair
 from tests.support.qos import QOS_BE, QOS_R
 from tests.support.ubrb_frames import advertise, hello, publish
 

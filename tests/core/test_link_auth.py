@@ -6,7 +6,7 @@ import struct
 import ubrb_min as L
 import ubrb_keyed
 import ubrb_setup
-from test_link import Pair, Rec, rel_payload
+from link_rig import Pair, Rec, rel_payload
 
 MICROPYTHON_ONLY = {"test_mp_keyed_allocation_per_frame"}
 

@@ -304,26 +304,29 @@ def test_udp_segmentation_refused_falls_back_to_one_send_per_frame() -> None:
 
 
 def test_cpython_udp_window_fits_even_a_default_receive_queue() -> None:
-    """A CPython end announces 32 frames on UDP at the default MTU (fewer at bigger MTUs: at
-    most LINK_WINDOW_BYTES in flight), and a whole such window, sent in one flush while the
-    receiver does not read, waits whole in a default-size receive queue."""
-    assert host_link.udp_window(16, ubrb_setup.LINK_DEFAULT_MTU) == 32
-    assert host_link.udp_window(8, 8192) == 8
-    assert host_link.udp_window(4, 16384) == 4
+    """A CPython end announces 64 frames on UDP at the default MTU (fewer at bigger MTUs:
+    UDP_WINDOW_BYTES of them), and a whole such window, sent in one flush while the receiver
+    does not read, waits whole in a default-size receive queue."""
+    w = host_link.udp_window(16, ubrb_setup.LINK_DEFAULT_MTU)
+    assert w == 64
+    assert host_link.udp_window(8, 8192) == 11
+    assert host_link.udp_window(4, 16384) == 5
     cport = free_port(socket.SOCK_DGRAM)
     s, d = host_link.open_link(f"udp://127.0.0.1:{cport}", False, 1 << 20)
     try:
-        assert s.window == 32
+        assert s.window == w
     finally:
         d.close()
-    rx = _plain_receiver()
-    tx = host_link.UdpTransport("127.0.0.1", rx.getsockname()[1], gateway=True)
-    try:
-        frame = bytearray(ubrb_setup.LINK_DEFAULT_MTU)
-        for _ in range(32):
-            assert tx.write(frame, 0, len(frame)) == len(frame)
-        assert tx.push()
-        assert len(_drain(rx)) == 32
-    finally:
-        rx.close()
-        tx.close()
+    for mtu in (ubrb_setup.LINK_DEFAULT_MTU, 8192, 16384):
+        rx = _plain_receiver()
+        tx = host_link.UdpTransport("127.0.0.1", rx.getsockname()[1], gateway=True)
+        try:
+            frame = bytearray(mtu)
+            n = host_link.udp_window(1, mtu)
+            for _ in range(n):
+                assert tx.write(frame, 0, len(frame)) == len(frame)
+            assert tx.push()
+            assert len(_drain(rx)) == n, mtu
+        finally:
+            rx.close()
+            tx.close()

@@ -39,6 +39,7 @@ AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
 RCVBUF = 4 * ubrb_setup.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
 UDP_WINDOW = 64  # frames a CPython end lets be in flight towards it on UDP (udp_window)
+UDP_WINDOW_BYTES = 88 * 1024  # ... and bytes of them: 64 of 1400, 11 of 8192, 5 of 16384
 
 # Linux UDP segmentation offload (linux/udp.h): one sendmsg carries several same-size datagrams
 # (UDP_SEGMENT, Linux >= 4.18) and one recvmsg returns several (UDP_GRO, Linux >= 5.0). Every
@@ -520,13 +521,13 @@ def open_link(url: str, gateway: bool, max_message: int, baud: int = 115200,
 
 def udp_window(window: int, max_frame: int) -> int:
     """The receive window a CPython end announces on UDP: as many frames as the link allows
-    (the core's 32, and LINK_WINDOW_BYTES of them) rather than the 16 every port gets from
+    (the core's 64, and UDP_WINDOW_BYTES of them) rather than the 16 every port gets from
     ubrb_min.link_sizes, which also sizes boards whose network stack queues few datagrams. A
     PC's socket queues them: UdpTransport asks for RCVBUF, and even Linux's default queue holds
-    92 datagrams of 1400 bytes. Twice the window halves the round trips per byte: with 16 the
-    gateway sat waiting for acknowledgements, and bench/chain_throughput.py delivered ~45k
-    instead of ~60k msg/s."""
-    return max(window, min(UDP_WINDOW, ubrb_setup.LINK_WINDOW_BYTES // max_frame))
+    92 datagrams of 1400 bytes (12 of 8 KiB). A window is what keeps a lossy line busy while a
+    gap is repaired: at 20 % loss with 0-20 ms of delay a repair takes two or three round
+    trips, and 1,000 frames/s need ~60 in flight meanwhile (tests/core/test_link_sack.py)."""
+    return max(window, min(UDP_WINDOW, UDP_WINDOW_BYTES // max_frame))
 
 
 class LinkWatch:
