@@ -1735,8 +1735,7 @@ _LK_RTO_MIN = const(40)
 _LK_RTO_MAX = const(2000)
 LK_FRAG_MS = const(2000)
 _LK_ACK_REP_MS = const(30)
-_LK_WMAX = const(64)        # largest window; the frame table has one entry per frame in flight:
-_LK_FT_MASK = const(_LK_WMAX - 1)  # at most peer_window <= _LK_WMAX, so seq & _LK_FT_MASK is unique
+_LK_WMAX = const(64)        # largest window (frames in flight: a frame table entry each)
 _LK_FS_RETX = const(1)      # frame table flags: sent more than once (no RTT sample from it),
 _LK_FS_SACK = const(2)      # ... reported held by the peer (a selective ack),
 _LK_FS_LOST = const(4)      # ... deemed lost: sent again before any new frame
@@ -1999,7 +1998,8 @@ class LinkSession:
 
     def __init__(self, handler, epoch, gateway=True, datagram=False,
                  max_frame=1024, max_message=16384, window=8,
-                 rel_bytes=65536, be_bytes=32768, max_slots=256, key=None, nonce=None, hold=0):
+                 rel_bytes=65536, be_bytes=32768, max_slots=256, key=None, nonce=None, hold=0,
+                 frames=_LK_WMAX):
         if max_frame < 64 or max_frame > 65535:
             raise ValueError("max_frame")
         if max_message >= 1 << 24:
@@ -2041,14 +2041,21 @@ class LinkSession:
         # record header being parsed: type, slot, length (varints)
         self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
         # -- reliable class: a ring of wire records, selective repeat over a frame table of
-        # _LK_WMAX entries (offsets < 2**31 and lengths < 2**16 as arrays: half a list's heap)
+        # `frames` entries, a power of two <= _LK_WMAX: at most that many frames in flight,
+        # whatever the peer's window (offsets < 2**31 and lengths < 2**16 as arrays: half a
+        # list's heap); a board's ring holds a few frames' worth, so 32 entries do
+        f = 8
+        while f < frames and f < _LK_WMAX:
+            f *= 2
+        self.ft = f
+        self.ft_mask = f - 1
         self.rel = bytearray(rel_bytes)
         self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
         self.rel_queued = 0
-        self.frame_off = array("i", bytes(4 * _LK_WMAX))  # per seq & _LK_FT_MASK: body in `rel`
-        self.frame_len = array("H", bytes(2 * _LK_WMAX))
-        self.frame_sent_at = [0] * _LK_WMAX  # ms: a list (CPython's clock outgrows an array's int)
-        self.frame_st = bytearray(_LK_WMAX)  # _LK_FS_* flags of each frame in flight
+        self.frame_off = array("i", bytes(4 * f))  # per seq & ft_mask: its body in `rel`
+        self.frame_len = array("H", bytes(2 * f))
+        self.frame_sent_at = [0] * f  # ms: a list (CPython's clock outgrows an array's int)
+        self.frame_st = bytearray(f)  # _LK_FS_* flags of each frame in flight
         # receiving: up to `hold` frames ahead of a gap are kept (rounded up to a power of two
         # <= _LK_WMAX: the slot of seq s is s & (hold - 1)) and reported in SACKs; 0 keeps none
         # (a board: the sender then goes back over what was not kept, on our NAK)
@@ -2089,6 +2096,13 @@ class LinkSession:
 
             self.mac = LinkMac(key)
         self.tag = LK_TAG if key is not None else 0  # MAC trailer bytes per frame
+        # a stream link fits its frames to the line's error rate: ubrb_fit, imported only then
+        # (a UDP link loses datagrams whatever their size)
+        self.fit = None
+        if not datagram:
+            import ubrb_fit
+
+            self.fit = ubrb_fit
         self.ovh = LK_OVH + self.tag
         self._reset_stream()
 
@@ -2101,8 +2115,13 @@ class LinkSession:
         self.lost_n = self.sack_n = 0  # frames in flight marked lost (to resend) / reported held
         self.fack = 0  # the highest seq the peer reported held (valid while above una)
         self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
-        self.cwnd = _LK_WMAX  # frames we let be in the network (<= peer_window); 1 after an RTO
+        self.cwnd = self.ft  # frames we let be in the network (<= peer_window); 1 after an RTO
         self.reo = 0  # ms a frame may be overtaken by later ones before it is deemed lost
+        # a stream link (serial): frames are made smaller when the line loses them (ubrb_fit)
+        self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
+        self.fit_sent = self.fit_lost = 0  # REL frames sent / deemed lost since the last fit
+        self.fit_b = 0.0  # the per-byte loss the fits measured (smoothed)
+        self.need_at = 0  # when the peer last said it still needs frame una (its ack)
         self.rel_rx_expected = 0
         self.held = 0  # frames kept in hold_buf
         for i in range(self.hold):
@@ -2383,9 +2402,14 @@ class LinkSession:
         if self.sack_pending:            # what we hold goes out before anything else
             return self._ack(now)
         inflight = (self.nxt - self.una) & 255
-        w = self.cwnd if self.cwnd < self.peer_window else self.peer_window
+        pw = self.peer_window
+        if self.frame_cap:   # smaller frames: as many bytes in flight as the window's worth
+            pw = pw * self.peer_max_frame // self.frame_cap
+            if pw > self.ft:
+                pw = self.ft
+        w = self.cwnd if self.cwnd < pw else pw
         rel = inflight - self.sack_n - self.lost_n < w and (
-            self.lost_n or (self.rel_queued > self.rel_framed and inflight < self.peer_window))
+            self.lost_n or (self.rel_queued > self.rel_framed and inflight < pw))
         if rel and (self.turn == 0 or self.be_live == 0):
             self.turn = 1
             return self._rel_frame(now)
@@ -2420,18 +2444,18 @@ class LinkSession:
     def _rel_frame(self, now):
         if self.lost_n:                      # the oldest frame deemed lost, as it was
             s = self.una
-            while not self.frame_st[s & _LK_FT_MASK] & _LK_FS_LOST:
+            while not self.frame_st[s & self.ft_mask] & _LK_FS_LOST:
                 s = (s + 1) & 255
-            i = s & _LK_FT_MASK
+            i = s & self.ft_mask
             self.frame_st[i] = _LK_FS_RETX
             self.lost_n -= 1
             self.stat_counts[_LKC_RETX] += 1
             n = self.frame_len[i]
         else:                                # new frame: as much as fits
             s = self.nxt
-            i = s & _LK_FT_MASK
+            i = s & self.ft_mask
             n = self.rel_queued - self.rel_framed
-            m = self.peer_max_frame - self.ovh
+            m = (self.frame_cap or self.peer_max_frame) - self.ovh
             if n > m:
                 n = m
             pos = self.rel_head + self.rel_framed
@@ -2443,6 +2467,10 @@ class LinkSession:
             self.frame_st[i] = 0
             self.rel_framed += n
             self.nxt = (s + 1) & 255
+        if self.fit is not None:
+            self.fit_sent += 1
+            if self.fit_sent >= 64 or self.fit_lost >= 8:  # enough frames, or enough lost
+                self.fit.fit_frames(self)
         L = self._head(LK_REL, s, n)
         pos = self.frame_off[i]
         if pos + n <= len(self.rel):         # no wrap (the usual case): one copy, no call
@@ -2456,7 +2484,7 @@ class LinkSession:
         be = self.be
         cap = len(be)
         tx = self.tx_buf
-        m = self.peer_max_frame - self.ovh
+        m = (self.frame_cap or self.peer_max_frame) - self.ovh
         q = _LK_HDR
         kind = _LK_BE
         while self.be_n > 0:
@@ -2502,16 +2530,18 @@ class LinkSession:
         # the retransmission timeout, on the oldest unacked frame: nothing came back for a
         # whole RTO, so every frame in flight the peer did not report held is deemed lost, the
         # RTO doubles (up to _LK_RTO_MAX) and one frame at a time probes the line again
-        i = self.una & _LK_FT_MASK
+        i = self.una & self.ft_mask
         n = (self.nxt - self.una) & 255
         # (una deemed lost but not sent again yet times out only if the frames in the network
         # keep it waiting: with none there, it goes out at the next poll_tx)
         if n and (not self.frame_st[i] & _LK_FS_LOST or n - self.sack_n - self.lost_n > 0):
             if now - self.frame_sent_at[i] >= self.rto:
-                self._lose(-1)
+                self.fit_lost += self._lose(-1)  # (all of them, most likely, or their acks)
                 self.stat_counts[_LKC_TIMEOUTS] += 1
                 self.rto = min(self.rto * 2, _LK_RTO_MAX)
                 self.cwnd = 1
+                if self.frame_cap and self.frame_len[i] > self.frame_cap - self.ovh:
+                    self.fit.recut(self)
                 return
         if self.nak_late and now - self.go_back_at >= self._wait():
             self._go_back(now)
@@ -2534,8 +2564,9 @@ class LinkSession:
         t = self.frame_sent_at
         self.rack_at = -1
         s = self.una
+        k = self.lost_n
         for _ in range(f):
-            i = s & _LK_FT_MASK
+            i = s & self.ft_mask
             if not st[i] & (_LK_FS_SACK | _LK_FS_LOST):
                 if now < 0 or now - t[i] >= wait:
                     st[i] |= _LK_FS_LOST
@@ -2543,9 +2574,11 @@ class LinkSession:
                     if now >= 0:
                         self.stat_counts[_LKC_FAST_RETX] += 1
                         self.reo -= self.reo >> 4
+                        self.fit_lost += 1
                 elif self.rack_at < 0 or t[i] + wait - self.rack_at < 0:
                     self.rack_at = t[i] + wait
             s = (s + 1) & 255
+        return self.lost_n - k
 
     def tick(self, now):
         self.now = now
@@ -2678,6 +2711,8 @@ class LinkSession:
             return
         self.last_rx = now
         a = b[p + 7]
+        if a == self.una:
+            self.need_at = now
         end = p + L - 4 - self.tag
         sack = (end - p - _LK_HDR) << 3 if kind == LK_ACK else 0  # bits of SACK bitmap
         if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0 or sack:  # else: nothing new
@@ -2779,7 +2814,7 @@ class LinkSession:
             self.mac.peer_hello = self.mac.rx_ctr
         self.peer_max_frame = min(pf, self.max_frame)
         self.peer_max_message = pm
-        self.peer_window = max(1, min(pw, _LK_WMAX))
+        self.peer_window = max(1, min(pw, self.ft))
         if not verified:
             # the peer does not know our current epoch: tell it; an UP session stays up (a
             # stale or forged HELLO must not stop it; a real peer in doubt stops sending and
@@ -2851,7 +2886,7 @@ class LinkSession:
         if k:
             cap = len(self.rel)
             while una != a:
-                i = una & _LK_FT_MASK
+                i = una & self.ft_mask
                 L = self.frame_len[i]
                 h = self.rel_head + L
                 if h >= cap:
@@ -2873,14 +2908,14 @@ class LinkSession:
             self.nak_late = False
             inflight -= k
             self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
-            if self.cwnd > _LK_WMAX:
-                self.cwnd = _LK_WMAX
+            if self.cwnd > self.ft:
+                self.cwnd = self.ft
         if bits:
             top = 0
             for d in range(1, inflight if inflight <= bits else bits + 1):  # bit d - 1: a + d
                 if b[q + ((d - 1) >> 3)] & (1 << ((d - 1) & 7)):
                     top = d
-                    i = (a + d) & _LK_FT_MASK
+                    i = (a + d) & self.ft_mask
                     f = st[i]
                     if not f & _LK_FS_SACK:
                         if f & _LK_FS_LOST:
@@ -2925,6 +2960,7 @@ class LinkSession:
     def _go_back(self, now):
         self.go_back_at = now
         self.nak_late = False
+        self.fit_lost += 1  # (one frame lost: the rest were dropped behind it)
         self._lose(-1)
         self.stat_counts[_LKC_FAST_RETX] += 1
 

@@ -400,6 +400,7 @@ LINK_MTU_MAX = const(65507)
 # only 12 datagrams of 8 KiB, so 16 frames at --link-mtu 8192 had the kernel drop the tail of
 # every window, unseen, and go-back-N resend the same overflowing burst (30k -> 500 msg/s).
 LINK_WINDOW_BYTES = const(64 * 1024)
+LINK_HOLD_STREAM = const(64)  # frames a CPython serial end keeps past a gap (the frame table's)
 
 
 def check_link_mtu(n):
@@ -521,11 +522,16 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU, board=_MICROPYTHON):
     # Frames received past a gap are kept (selective repeat) for a whole window, except on a
     # board: a window of 1400-byte frames is more heap than it has, and the sender goes back
     # over the frames a board did not keep (its NAK), as the link did before SACK.
-    hold = 0 if board else window
+    # On a stream link (serial) the frames get smaller on a noisy line and more of them fly
+    # (LinkSession._fit_frames): keep a whole table of them.
+    hold = 0 if board else (window if datagram else LINK_HOLD_STREAM)
+    # The frame table: a board's ring holds only a few frames' worth (32 entries); a PC's
+    # window is up to 64 frames (ubrb_host.link.udp_window).
+    frames = 32 if board else 64
     total = (frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
-             + hold * frame)
+             + hold * frame + 8 * frames)
     return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,
-            "be_bytes": be, "hold": hold, "total": total}
+            "be_bytes": be, "hold": hold, "frames": frames, "total": total}
 
 
 def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DEFAULT_MTU,
@@ -537,4 +543,4 @@ def new_link_session(handler, epoch, gateway, datagram, max_message, mtu=LINK_DE
     w = window or z["window"]
     return core.LinkSession(handler, epoch, gateway, datagram, z["max_frame"], z["max_message"],
                             w, z["rel_bytes"], z["be_bytes"], max_slots, key, nonce,
-                            w if z["hold"] else 0)
+                            max(w, z["hold"]) if z["hold"] else 0, z["frames"])

@@ -24,7 +24,8 @@ def open_gateway_link(io, opts, max_slots):
                                 opts["tx"], opts["rx"])
     s = core.LinkSession(None, mlink.new_epoch(io.time), True, t.datagram, z["max_frame"],
                          z["max_message"], z["window"], z["rel_bytes"], z["be_bytes"],
-                         max_slots, opts["key"], lambda: mlink.new_epoch(io.time))
+                         max_slots, opts["key"], lambda: mlink.new_epoch(io.time), z["hold"],
+                         z["frames"])
     return core.LinkRosPort(s), mlink.LinkDriver(t, s)
 
 
