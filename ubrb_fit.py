@@ -8,44 +8,52 @@ MicroPython-portable: floats and `math` run once per 64 frames, never per frame.
 import math
 
 
-def fit_frames(s):
-    """Every 64 REL frames (or 8 lost): the frame size that carries most payload at the bit
-    error rate those frames met. A frame of n bytes is lost with p = 1 - e^(-b n) (b: errors
-    per byte), so b = -ln(1 - p) / n; payload per byte sent, (1 - h/n) e^(-b n) with h the
-    frame overhead, is highest at n = (h + sqrt(h^2 + 4h/b)) / 2: 45 bytes at a bit error rate
-    of 1e-3, 129 at 1e-4, 1,230 at 1e-6. A clean line doubles the size back, up to the peer's
-    max_frame."""
-    n = s.frame_cap or s.peer_max_frame
-    p = s.fit_lost / s.fit_sent
-    s.fit_sent = s.fit_lost = 0
-    b = -math.log(1.0 - (p if p < 0.95 else 0.95)) / n
-    b = s.fit_b = (s.fit_b * 3 + b) / 4 if s.fit_b else b
-    h = s.ovh
-    best = 2 * n if b < 1e-9 else int((h + math.sqrt(h * h + 4 * h / b)) / 2)
-    if best > 2 * n:
-        best = 2 * n
-    if best < h + 24:
-        best = h + 24
-    s.frame_cap = 0 if best >= s.peer_max_frame else best
-    if not s.frame_cap:
-        s.fit_b = 0.0
+class Fit:
+    """A stream session's frame fitting: how many REL frames went since the last fit, and the
+    per-byte loss the fits measured (smoothed). The session counts the frames it deems lost
+    (fit_lost) and when the peer last needed its oldest one (need_at)."""
 
+    def __init__(self):
+        self.sent = 0
+        self.b = 0.0
 
-def recut(s):
-    """After an RTO, when the frames in flight were cut before the line got noisy and are too
-    big to get through: cut them again at frame_cap. Only if none of them can still reach the
-    peer: it holds none (no SACK) and said it still needed the first of them well after the
-    last of them was sent (a copy still on its way would be taken under its old seq, with its
-    old bytes, and the stream would be out of step)."""
-    if s.sack_n:
-        return
-    t = s.frame_sent_at
-    late = s.need_at - (s.srtt + 4 * s.rttvar + 20)
-    q = s.una
-    while q != s.nxt:
-        if t[q & s.ft_mask] - late >= 0:
+    def frames(self, s):
+        """Every 64 REL frames (or 8 lost): the frame size that carries most payload at the bit
+        error rate those frames met. A frame of n bytes is lost with p = 1 - e^(-b n) (b: errors
+        per byte), so b = -ln(1 - p) / n; payload per byte sent, (1 - h/n) e^(-b n) with h the
+        frame overhead, is highest at n = (h + sqrt(h^2 + 4h/b)) / 2: 45 bytes at a bit error
+        rate of 1e-3, 129 at 1e-4, 1,230 at 1e-6. A clean line doubles the size back, up to the
+        peer's max_frame."""
+        n = s.frame_cap or s.peer_max_frame
+        p = s.fit_lost / self.sent
+        self.sent = s.fit_lost = 0
+        b = -math.log(1.0 - (p if p < 0.95 else 0.95)) / n
+        b = self.b = (self.b * 3 + b) / 4 if self.b else b
+        h = s.ovh
+        best = 2 * n if b < 1e-9 else int((h + math.sqrt(h * h + 4 * h / b)) / 2)
+        if best > 2 * n:
+            best = 2 * n
+        if best < h + 24:
+            best = h + 24
+        s.frame_cap = 0 if best >= s.peer_max_frame else best
+        if not s.frame_cap:
+            self.b = 0.0
+
+    def recut(self, s):
+        """After an RTO, when the frames in flight were cut before the line got noisy and are
+        too big to get through: cut them again at frame_cap. Only if none of them can still
+        reach the peer: it holds none (no SACK) and said it still needed the first of them well
+        after the last of them was sent (a copy still on its way would be taken under its old
+        seq, with its old bytes, and the stream would be out of step)."""
+        if s.sack_n:
             return
-        q = (q + 1) & 255
-    s.nxt = s.una
-    s.rel_framed = 0
-    s.lost_n = 0
+        t = s.frame_sent_at
+        late = s.need_at - (s.srtt + 4 * s.rttvar + 20)
+        q = s.una
+        while q != s.nxt:
+            if t[q & s.ft_mask] - late >= 0:
+                return
+            q = (q + 1) & 255
+        s.nxt = s.una
+        s.rel_framed = 0
+        s.lost_n = 0

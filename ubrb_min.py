@@ -2056,16 +2056,14 @@ class LinkSession:
         self.frame_len = array("H", bytes(2 * f))
         self.frame_sent_at = [0] * f  # ms: a list (CPython's clock outgrows an array's int)
         self.frame_st = bytearray(f)  # _LK_FS_* flags of each frame in flight
-        # receiving: up to `hold` frames ahead of a gap are kept (rounded up to a power of two
-        # <= _LK_WMAX: the slot of seq s is s & (hold - 1)) and reported in SACKs; 0 keeps none
-        # (a board: the sender then goes back over what was not kept, on our NAK)
-        h = 8
-        while h < hold and h < _LK_WMAX:
-            h *= 2
-        self.hold = h if hold > 0 else 0
-        self.hold_buf = bytearray(self.hold * max_frame)
-        self.hold_len = array("H", bytes(2 * self.hold))  # 0: the slot is empty
-        self.hold_seq = bytearray(self.hold)
+        # receiving: up to `hold` frames ahead of a gap are kept and reported in SACKs
+        # (ubrb_hold, imported only then); None keeps none (a board: the sender then goes back
+        # over what was not kept, on our NAK)
+        self.hold = None
+        if hold > 0:
+            from ubrb_hold import Hold
+
+            self.hold = Hold(hold, max_frame)
         self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
         # -- best-effort class: newest wins per slot, big records go out in fragments -----------
         self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
@@ -2100,9 +2098,9 @@ class LinkSession:
         # (a UDP link loses datagrams whatever their size)
         self.fit = None
         if not datagram:
-            import ubrb_fit
+            from ubrb_fit import Fit
 
-            self.fit = ubrb_fit
+            self.fit = Fit()
         self.ovh = LK_OVH + self.tag
         self._reset_stream()
 
@@ -2119,13 +2117,11 @@ class LinkSession:
         self.reo = 0  # ms a frame may be overtaken by later ones before it is deemed lost
         # a stream link (serial): frames are made smaller when the line loses them (ubrb_fit)
         self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
-        self.fit_sent = self.fit_lost = 0  # REL frames sent / deemed lost since the last fit
-        self.fit_b = 0.0  # the per-byte loss the fits measured (smoothed)
+        self.fit_lost = 0  # REL frames deemed lost since the last fit
         self.need_at = 0  # when the peer last said it still needs frame una (its ack)
         self.rel_rx_expected = 0
-        self.held = 0  # frames kept in hold_buf
-        for i in range(self.hold):
-            self.hold_len[i] = 0
+        if self.hold is not None:
+            self.hold.clear()
         self.ack_pending = False
         self.sack_pending = False
         self.ack_rep = 0
@@ -2426,19 +2422,11 @@ class LinkSession:
         # an ACK frame; while frames are held past a gap its body is the SACK bitmap, hold / 8
         # bytes: bit i & 7 of byte i >> 3 is "I hold seq ack + 1 + i"
         self.sack_pending = False
-        if self.held == 0:
+        h = self.hold
+        if h is None or not h.held:
             return self._seal(self._head(LK_ACK, 0, 0), self.seed, now)
-        tx = self.tx_buf
-        L = self._head(LK_ACK, 0, self.hold >> 3)
-        for i in range(_LK_HDR, _LK_HDR + (self.hold >> 3)):
-            tx[i] = 0
-        e = self.rel_rx_expected
-        m = self.hold - 1
-        for i in range(self.hold):
-            s = (e + 1 + i) & 255
-            j = s & m
-            if self.hold_len[j] and self.hold_seq[j] == s:
-                tx[8 + (i >> 3)] |= 1 << (i & 7)
+        L = self._head(LK_ACK, 0, h.n >> 3)
+        h.sack(self.tx_buf, _LK_HDR, self.rel_rx_expected)
         return self._seal(L, self.seed, now)
 
     def _rel_frame(self, now):
@@ -2467,10 +2455,11 @@ class LinkSession:
             self.frame_st[i] = 0
             self.rel_framed += n
             self.nxt = (s + 1) & 255
-        if self.fit is not None:
-            self.fit_sent += 1
-            if self.fit_sent >= 64 or self.fit_lost >= 8:  # enough frames, or enough lost
-                self.fit.fit_frames(self)
+        f = self.fit
+        if f is not None:
+            f.sent += 1
+            if f.sent >= 64 or self.fit_lost >= 8:  # enough frames, or enough lost
+                f.frames(self)
         L = self._head(LK_REL, s, n)
         pos = self.frame_off[i]
         if pos + n <= len(self.rel):         # no wrap (the usual case): one copy, no call
@@ -2544,7 +2533,11 @@ class LinkSession:
                     self.fit.recut(self)
                 return
         if self.nak_late and now - self.go_back_at >= self._wait():
-            self._go_back(now)
+            self.go_back_at = now
+            self.nak_late = False
+            self._lose(-1)
+            self.fit_lost += 1  # (one frame lost: the rest were dropped behind it)
+            self.stat_counts[_LKC_FAST_RETX] += 1
         if self.rack_at >= 0 and now - self.rack_at >= 0:
             self._lose(now)
 
@@ -2726,19 +2719,14 @@ class LinkSession:
                 self.rel_rx_expected = (seq + 1) & 255
                 self.ack_pending = True
                 self._rel_body(b, p + _LK_HDR, end)
-                if self.held:
-                    self._release(seq)
+                h = self.hold
+                if h is not None and h.held:
+                    h.release(self, seq)
             elif d < 128:
                 self.stat_counts[_LKC_OOO] += 1
-                if d <= self.hold:            # kept until the gap before it is filled
-                    j = seq & (self.hold - 1)
-                    if not self.hold_len[j] or self.hold_seq[j] != seq:
-                        if not self.hold_len[j]:
-                            self.held += 1
-                        n = end - p - _LK_HDR
-                        copy_into(self.hold_buf, j * self.max_frame, b, p + _LK_HDR, n)
-                        self.hold_len[j] = n
-                        self.hold_seq[j] = seq
+                h = self.hold
+                if h is not None and d <= h.n:    # kept until the gap before it is filled
+                    h.keep(seq, b, p + _LK_HDR, end - p - _LK_HDR)
                     self.sack_pending = True
                 else:                         # not kept: each one tells the peer of the gap
                     self.nak_pending = True
@@ -2754,26 +2742,6 @@ class LinkSession:
                 self._be_frag(b, p + _LK_HDR, end, seq, now)
         elif kind != LK_ACK:
             self.stat_counts[_LKC_PROTO] += 1
-
-    def _release(self, s):
-        # frame s was delivered: forget a copy of it we may hold, then deliver the frames held
-        # behind it that are next in order
-        m = self.hold - 1
-        j = s & m
-        if self.hold_len[j] and self.hold_seq[j] == s:
-            self.hold_len[j] = 0
-            self.held -= 1
-        while self.held:
-            e = self.rel_rx_expected
-            j = e & m
-            n = self.hold_len[j]
-            if not n or self.hold_seq[j] != e:
-                return
-            self.hold_len[j] = 0
-            self.held -= 1
-            self.rel_rx_expected = (e + 1) & 255
-            p = j * self.max_frame
-            self._rel_body(self.hold_buf, p, p + n)
 
     def _be_dup(self, seq):
         # best-effort frames are never delivered twice (UDP may duplicate them): seqs mod 256
@@ -2883,6 +2851,7 @@ class LinkSession:
         self.bad_ack_at = -1
         st = self.frame_st
         sample = -1  # the newest frame acked now that was sent once: an RTT sample
+        over = False  # a frame sent again was acked sooner than its second copy could have been
         if k:
             cap = len(self.rel)
             while una != a:
@@ -2902,7 +2871,7 @@ class LinkSession:
                 elif not f & _LK_FS_RETX:
                     sample = i
                 elif now - self.frame_sent_at[i] < self.srtt >> 1:
-                    self._overtaken()
+                    over = True
                 una = (una + 1) & 255
             self.una = a
             self.nak_late = False
@@ -2923,12 +2892,17 @@ class LinkSession:
                         elif not f & _LK_FS_RETX:
                             sample = i
                         elif now - self.frame_sent_at[i] < self.srtt >> 1:
-                            self._overtaken()
+                            over = True
                         st[i] = (f & _LK_FS_RETX) | _LK_FS_SACK
                         self.sack_n += 1
             f = (self.fack - a) & 255
             if top and (f >= inflight or top > f):
                 self.fack = (a + top) & 255
+        if over:
+            # its first copy had only been overtaken: wait longer before calling a frame lost
+            # (down again, 1/16 each time one is: RACK's reordering window, adapted without DSACK)
+            r = self.reo + (self.srtt >> 2) + 1
+            self.reo = r if r < self.srtt + 50 else self.srtt + 50
         if sample >= 0:
             self._rtt(now - self.frame_sent_at[sample])
         elif k and self.srtt:
@@ -2936,13 +2910,10 @@ class LinkSession:
         if not inflight:
             self.rack_at = -1
         elif nak:
-            # the peer dropped a frame after a gap it could not hold: go back over every frame
-            # it does not hold; once per round trip (NAKs of frames sent before the last
-            # go-back are still coming), a NAK within it remembered for when it is over
-            if now - self.go_back_at >= self._wait():
-                self._go_back(now)
-            else:
-                self.nak_late = True
+            # the peer dropped a frame after a gap it could not hold: _timer goes back over
+            # every frame it does not hold, once per round trip (NAKs of frames sent before the
+            # last go-back are still coming: one within it waits for it to be over)
+            self.nak_late = True
         elif bits:
             self._lose(now)
 
@@ -2956,20 +2927,6 @@ class LinkSession:
             r = self.reo
         r += self.srtt + 2
         return r if r < self.rto else self.rto - 1
-
-    def _go_back(self, now):
-        self.go_back_at = now
-        self.nak_late = False
-        self.fit_lost += 1  # (one frame lost: the rest were dropped behind it)
-        self._lose(-1)
-        self.stat_counts[_LKC_FAST_RETX] += 1
-
-    def _overtaken(self):
-        # a frame sent again was acked sooner than its second copy could have been: the first
-        # had only been overtaken. Wait longer before calling a frame lost (down again, 1/16
-        # each time one is: RACK's reordering window, adapted without DSACK)
-        r = self.reo + (self.srtt >> 2) + 1
-        self.reo = r if r < self.srtt + 50 else self.srtt + 50
 
     def _rtt(self, r):
         if self.srtt == 0:
