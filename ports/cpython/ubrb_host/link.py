@@ -36,6 +36,11 @@ log = logging.getLogger("ubrb.link")
 
 REOPEN_MS = 500
 AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames per 10 s
+# The companion on UDP takes a HELLO from another address than its gateway's only once that
+# gateway has been silent this long (3 heartbeats, under the 2 s dead time, so a newcomer is up
+# within 2 s of the old one leaving); before, it is refused unread (a second gateway with the
+# same key would otherwise take the companion over, docs/LINK.md section 10).
+TAKEOVER_MS = 1200
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
 RCVBUF = 4 * ubrb_setup.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
 UDP_WINDOW = 32  # frames a CPython end lets be in flight towards it on UDP (udp_window)
@@ -53,6 +58,13 @@ UDP_GRO = getattr(socket, "UDP_GRO", 104)
 GSO_MAX_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
 GSO_MAX_BYTES = 65000  # UDP payload of one batch: under an IP datagram's 65535 with headers
 _GSO_REFUSED = (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
+
+
+def address(a: Any) -> str:
+    """host:port of a socket address (IPv6: [host]:port)."""
+    if not isinstance(a, tuple):
+        return str(a)
+    return ("[%s]:%d" if ":" in a[0] else "%s:%d") % (a[0], a[1])
 
 
 def new_epoch() -> int:
@@ -365,6 +377,13 @@ class LinkDriver:
         self.retry_at = 0
         self.auth_seen = 0  # frames failing authentication, as last reported (tick)
         self.auth_at = 0
+        self.replay_seen = 0  # replayed frames (valid MAC, seen before), as last reported
+        self.replay_at = 0
+        # HELLOs refused from another address while the gateway we have is alive (companion, UDP)
+        self.c_refused = 0
+        self.refused_from: Any = None  # the newcomer last refused,
+        self.refused_since = 0         # ... since when,
+        self.refused_said = -AUTH_LOG_MS  # ... and when we last warned about one
         self.c_reopen = 0
         self.c_io_err = 0
         self.unacked = 0  # datagrams taken in since the last flush
@@ -426,14 +445,14 @@ class LinkDriver:
         if t.peer is not None and t.last_addr == t.peer:
             s.feed(buf, off, n, now)
         elif not t.gateway and _is_hello(memoryview(buf)[off:], n):
-            # re-lock only on a verified HELLO: one that knows our current epoch (keyed:
-            # and proves the key over it); anything less is answered, nothing more
-            # and answer it. Unkeyed, only while we have no live session: a stranger learns
-            # no epoch from an UP companion (a restarted gateway is answered once the old
-            # session has timed out, <= 2 s after the old gateway went silent). Keyed, an
-            # epoch is no secret: always (a restarted gateway is back within one round trip).
+            if s.is_up() and now - s.last_rx < TAKEOVER_MS:
+                self._refuse(now)  # our gateway is alive: a second one is not let in
+                return
+            # Our gateway is silent (or there is none): the HELLO is handled and answered at its
+            # address. Re-lock only on a verified HELLO: one that knows our current epoch
+            # (keyed: and proves the key over it); anything less is answered, nothing more.
             ok = s.stat_counts[L._LKC_HELLO_OK]
-            t.candidate = None if s.is_up() and not s.tag else t.last_addr
+            t.candidate = t.last_addr
             s.feed(buf, off, n, now)
             if s.stat_counts[L._LKC_HELLO_OK] != ok:
                 log.info("link: peer is now %s", t.last_addr)
@@ -441,6 +460,21 @@ class LinkDriver:
                 t.candidate = None
         else:
             t.c_foreign += 1
+
+    def _refuse(self, now: int) -> None:
+        t = self.t
+        self.c_refused += 1
+        if t.last_addr != self.refused_from:
+            self.refused_from, self.refused_since = t.last_addr, now
+        # Said once our gateway has spoken since this newcomer began (it is alive, not a
+        # gateway that restarted from a new port while the old one's session runs out), then at
+        # most every AUTH_LOG_MS.
+        if self.s.last_rx > self.refused_since and now - self.refused_said >= AUTH_LOG_MS:
+            self.refused_said = now
+            log.warning("link: refused the gateway at %s: the gateway at %s is alive on this "
+                        "link (two gateways with one key?); a newcomer takes over only once "
+                        "the gateway in use is silent for %.1f s", address(t.last_addr),
+                        address(t.peer), TAKEOVER_MS / 1000)
 
     def flush(self, now: int) -> None:
         if self.broken:
@@ -468,11 +502,16 @@ class LinkDriver:
     def tick(self, now: int) -> None:
         self.s.tick(now)
         counts = self.s.stat_counts  # by ubrb_min's _LKC_* indices
-        bad = counts[L.LKC_AUTH] + counts[L.LKC_REPLAY]
+        bad = counts[L.LKC_AUTH]
         if bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
-            log.warning("link: %d frames failed authentication or were replays (a peer with "
-                        "another --link-key, or someone else on the link)", bad - self.auth_seen)
+            log.warning("link: %d frames failed authentication (a peer with another "
+                        "--link-key or none, or someone else on the link)", bad - self.auth_seen)
             self.auth_seen, self.auth_at = bad, now
+        bad = counts[L.LKC_REPLAY]
+        if bad != self.replay_seen and now - self.replay_at >= AUTH_LOG_MS:
+            log.warning("link: %d replayed frames dropped (a valid MAC, but seen before: "
+                        "someone re-sends captured link traffic)", bad - self.replay_seen)
+            self.replay_seen, self.replay_at = bad, now
         if self.broken and now >= self.retry_at:
             try:
                 self.t.open()
@@ -494,6 +533,7 @@ class LinkDriver:
     def counters(self) -> Dict[str, int]:
         d: Dict[str, int] = self.s.counters()
         d["foreign"] = getattr(self.t, "c_foreign", 0)
+        d["refused"] = self.c_refused
         d["reopen"] = self.c_reopen
         d["io_err"] = self.c_io_err
         return d
