@@ -503,7 +503,9 @@ class LinkDriver:
         self.s.tick(now)
         counts = self.s.stat_counts  # by ubrb_min's _LKC_* indices
         bad = counts[L.LKC_AUTH]
-        if bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
+        if not self.s.is_up():
+            self.auth_seen = bad  # (while down, LinkWatch says it as what this end waits for)
+        elif bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
             log.warning("link: %d frames failed authentication (a peer with another "
                         "--link-key or none, or someone else on the link)", bad - self.auth_seen)
             self.auth_seen, self.auth_at = bad, now
@@ -568,11 +570,13 @@ def udp_window(window: int, max_frame: int) -> int:
 
 
 class LinkWatch:
-    """Says what the link is doing the moment it changes (up, down, the peer restarted) and, while
-    it is down, what this end waits for: once after a second, then every REMIND_MS. Both
-    programs call check(now) on every turn of their loop."""
+    """Says what the link is doing the moment it changes (up; down, and why; the peer restarted)
+    and, while it is down, what this end sees of the other: after FIRST_MS without a link, then
+    every REMIND_MS, one line from the counters' growth over that time (nothing at all, bytes that
+    fail the CRC, frames that fail authentication, HELLOs this end cannot take). Both programs
+    call check(now) on every turn of their loop."""
 
-    FIRST_MS = 1000
+    FIRST_MS = 3000
     REMIND_MS = 10000
 
     def __init__(self, driver: LinkDriver, url: str, peer: str, now: int,
@@ -584,6 +588,7 @@ class LinkWatch:
         self.up = False
         self.epoch: Optional[int] = None
         self.remind_at = now + self.FIRST_MS
+        self.base = driver.counters()  # at the last change or report: what grew since is seen
 
     def check(self, now: int) -> None:
         s = self.d.s
@@ -593,19 +598,76 @@ class LinkWatch:
             self.epoch = s.peer_epoch
         elif up != self.up:
             self.up = up
+            c = self.d.counters()
             if up:
                 new = self.epoch is not None and s.peer_epoch != self.epoch
                 log.info("link up: the %s%s answers on %s", self.peer,
                          " (restarted: new session)" if new else "", self.url)
                 self.epoch = s.peer_epoch
             else:
-                log.warning("link down: nothing from the %s for %.0f s%s", self.peer,
-                            L.LK_DEAD_MS / 1000, self.down_note)
-                self.remind_at = now + self.REMIND_MS
+                log.warning("link down: %s%s", self.down_cause(c), self.down_note)
+                self.remind_at = now + self.FIRST_MS
+            self.base = c
         if not up and now >= self.remind_at:
             self.remind_at = now + self.REMIND_MS
             if self.d.broken:
                 log.warning("link: waiting for %s to open (retrying every %.1f s)",
                             getattr(self.d.t, "path", self.url), REOPEN_MS / 1000)
-            else:
-                log.info("link: waiting for the %s on %s", self.peer, self.url)
+                return
+            c = self.d.counters()
+            why, bad = self.seen({k: v - self.base.get(k, 0) for k, v in c.items()})
+            s.hello_why = 0
+            self.base = c
+            (log.warning if bad else log.info)("link: waiting for the %s on %s: %s", self.peer,
+                                               self.url, why)
+
+    def down_cause(self, c: Dict[str, int]) -> str:
+        """Why the link just went down, from what the counters gained while it was up."""
+        if c["desync"] > self.base["desync"]:
+            return ("the %s and this end disagreed about the stream (desync, or its keys ran "
+                    "out): a new session starts" % self.peer)
+        if c["new"] > self.base["new"]:
+            other = " (or another gateway took over)" if self.peer == "gateway" else ""
+            return "the %s began a new session: it restarted%s" % (self.peer, other)
+        return "nothing from the %s for %.0f s" % (self.peer, L.LK_DEAD_MS / 1000)
+
+    def seen(self, d: Dict[str, int]) -> Tuple[str, bool]:
+        """What this end saw of the other while waiting, from the counters' growth `d` (and the
+        session's hello_why); and whether it is a mistake to fix rather than an absent peer."""
+        why = self.d.s.hello_why
+        peer = self.peer
+        serial = not self.d.t.datagram
+        if d["proto"] and why == L.LKW_VERSION:
+            return ("its HELLOs are of another link protocol version: run the same release on "
+                    "both ends", True)
+        if d["proto"] and why == L.LKW_ROLE:
+            me = "gateway" if self.d.s.is_gateway else "companion"
+            return ("HELLOs from another %s, not a %s: check --link on both ends" % (me, peer),
+                    True)
+        if d["proto"] and why == L.LKW_KEYED:
+            return ("HELLOs from a %s with a link key, and this end has none: give both the same "
+                    "--link-key" % peer, True)
+        if d["auth"] and why == L.LKW_UNKEYED:
+            return ("HELLOs from a %s without a link key: give both the same --link-key" % peer,
+                    True)
+        if d["auth"]:
+            return ("%d frames failed authentication: the %s has another --link-key"
+                    % (d["auth"], peer), True)
+        if d["replay"]:
+            return ("%d replayed frames (a valid MAC, seen before): someone re-sends captured "
+                    "link traffic" % d["replay"], True)
+        if d["rx_bytes"] and not d["rx_frames"]:
+            hint = "check --baud on both ends, or the cable" if serial else "no link peer there?"
+            return ("%d bytes received, but no frame passes the CRC: %s" % (d["rx_bytes"], hint),
+                    True)
+        if d.get("foreign") and not d["rx_bytes"]:
+            return ("%d datagrams from other addresses only (ignored)" % d["foreign"], True)
+        if not d["rx_bytes"]:
+            if serial:
+                return "nothing received (is the %s running, on this line?)" % peer, False
+            if peer == "companion":
+                return ("nothing received (is the companion running there? one paired with "
+                        "another gateway does not answer)", False)
+            return "nothing received (no gateway sends to this address)", False
+        return ("%d frames received, %d HELLOs, no handshake yet" % (d["rx_frames"],
+                                                                   d["hello_rx"]), False)
