@@ -138,3 +138,39 @@ def test_gateways_come_and_go_the_link_follows_the_live_one(keyed: bool, caplog:
         assert r.hellos() <= 6 * secs * (1000 / 50 + 1000 / L.LK_HELLO_MS), r.hellos()
     finally:
         r.close()
+
+
+def test_a_restarted_companion_on_serial_is_logged_as_a_new_session(caplog: Any) -> None:
+    """The gateway's link-down line says what happened: the companion restarted on the cable and
+    began a new session (before: "nothing from the companion for 2 s", which had not happened;
+    the new session came 0.1 s after the restart). LinkWatch on real ptys, virtual clock."""
+    from tests.link.helpers import SerialProxy
+
+    proxy = SerialProxy(seed=7, noise=0)
+    g = GatewayEnd(proxy.url("gw"), epoch=111)
+    c = CompanionEnd(proxy.url("comp"), epoch=222)
+    w = World()
+    w.drivers += [g.d, c.d]
+    w.proxies.append(proxy)
+    watch = host_link.LinkWatch(g.d, proxy.url("gw"), "companion", w.now)
+    w.hooks.append(watch.check)
+    caplog.set_level(logging.INFO, "ubrb.link")
+    try:
+        assert w.run(3000, until=lambda: g.s.is_up() and c.s.is_up())
+        w.run(10)
+        c.d.close()                               # the companion restarts at once
+        w.drivers.remove(c.d)
+        c = CompanionEnd(proxy.url("comp"), epoch=333)
+        w.drivers.append(c.d)
+        t0 = w.now
+        assert w.run(3000, until=lambda: g.s.is_up() and c.s.is_up() and g.s.peer_epoch == 333)
+        assert w.now - t0 < L.LK_DEAD_MS       # well before any dead timer
+        w.run(10)
+        lines = [r.getMessage() for r in caplog.records if r.name == "ubrb.link"]
+        assert "link down: the companion began a new session: it restarted" in lines, lines
+        assert not any("nothing from the companion" in x for x in lines), lines
+        assert any(x.startswith("link up: the companion (restarted: new session)") for x in lines)
+    finally:
+        for d in w.drivers:
+            d.close()
+        proxy.close()
