@@ -174,3 +174,24 @@ def test_a_restarted_companion_on_serial_is_logged_as_a_new_session(caplog: Any)
         for d in w.drivers:
             d.close()
         proxy.close()
+
+
+def test_keyed_only_a_hello_with_the_key_is_a_refused_gateway() -> None:
+    """Keyed, a HELLO from elsewhere while the gateway is alive is a second gateway (refused,
+    warned about) only if its MAC is good; one without the key is counted as an auth failure."""
+    key = os.urandom(32)
+    r = Rig(key)
+    stray = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        g1 = r.gateway()
+        r.up_within(g1, 1000)
+        for k in (os.urandom(32), key):
+            x = L.LinkSession(None, 999, True, datagram=True, key=k)
+            n = x._hello(0)
+            stray.sendto(bytes(x.tx_buf[:n]), ("127.0.0.1", r.c.t.sock.getsockname()[1]))
+            r.w.run(20)
+        cc = r.c.d.counters()
+        assert cc["auth"] == 1 and cc["refused"] == 1 and r.paired(g1)
+    finally:
+        stray.close()
+        r.close()

@@ -446,7 +446,12 @@ class LinkDriver:
             s.feed(buf, off, n, now)
         elif not t.gateway and _is_hello(memoryview(buf)[off:], n):
             if s.is_up() and now - s.last_rx < TAKEOVER_MS:
-                self._refuse(now)  # our gateway is alive: a second one is not let in
+                # Our gateway is alive: a second one is not let in. Keyed, only a HELLO with a
+                # valid MAC is a gateway's (the rest is counted `auth`, as the session would).
+                k = buf[off + 2] | (buf[off + 3] << 8)
+                if s.mac is None or (k <= n and s.mac.check(buf, off, k, L.LK_HELLO,
+                                                           s.stat_counts)):
+                    self._refuse(now)
                 return
             # Our gateway is silent (or there is none): the HELLO is handled and answered at its
             # address. Re-lock only on a verified HELLO: one that knows our current epoch
@@ -472,7 +477,7 @@ class LinkDriver:
         if self.s.last_rx > self.refused_since and now - self.refused_said >= AUTH_LOG_MS:
             self.refused_said = now
             log.warning("link: refused the gateway at %s: the gateway at %s is alive on this "
-                        "link (two gateways with one key?); a newcomer takes over only once "
+                        "link (two gateways for one companion?); a newcomer takes over only once "
                         "the gateway in use is silent for %.1f s", address(t.last_addr),
                         address(t.peer), TAKEOVER_MS / 1000)
 
