@@ -2029,7 +2029,7 @@ class LinkSession:
         self.hello_at = 0
         self.hello_reply = False
         self.chal = 0  # a newcomer's epoch, named in our next HELLO as a challenge (0: none)
-        self.hello_why = 0  # _LKW_*: why the last HELLO was refused (the port reads and clears)
+        self.hello_why = 0  # LKW_*: why the last HELLO was refused (the port reads and clears)
         self.last_rx = 0
         self.last_tx = 0
         self.srtt = 0
