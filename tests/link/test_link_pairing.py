@@ -195,3 +195,29 @@ def test_keyed_only_a_hello_with_the_key_is_a_refused_gateway() -> None:
     finally:
         stray.close()
         r.close()
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_a_restarted_companion_on_udp_is_back_at_once(keyed: bool, caplog: Any) -> None:
+    """The companion restarts on its port while the gateway, still UP, sends it heartbeats: the
+    new companion answers the first frame it cannot take with a HELLO, and the gateway starts a
+    new session at once and says so (before: it waited out its 2 s dead timer, then said
+    "nothing from the companion for 2 s")."""
+    r = Rig(os.urandom(32) if keyed else None)
+    caplog.set_level(logging.INFO, "ubrb.link")
+    try:
+        g = r.gateway()
+        r.up_within(g, 1000)
+        watch = host_link.LinkWatch(g.d, r.url, "companion", r.w.now)
+        r.w.hooks.append(watch.check)
+        r.w.run(100)
+        r.leave(r.c)
+        r.c = r.companion()
+        took = r.up_within(g, 2000)
+        assert took <= 600, took       # a heartbeat (<= 400 ms) and a handshake
+        r.w.run(10)
+        lines = [x.getMessage() for x in caplog.records if x.name == "ubrb.link"]
+        assert "link down: the companion began a new session: it restarted" in lines, lines
+        assert not any("nothing from the companion" in x for x in lines), lines
+    finally:
+        r.close()

@@ -465,6 +465,13 @@ class LinkDriver:
                 t.candidate = None
         else:
             t.c_foreign += 1
+            if (not t.gateway and not s.is_up() and n >= L.LK_OVH and buf[off] == L.LK_SYNC0
+                    and buf[off + 1] == L.LK_SYNC1):
+                # A frame of a session we do not have (we restarted; the gateway goes on until
+                # its dead timer): a HELLO there (paced by the session) tells it our epoch, and
+                # the handshake (section 3) starts a new session at once instead of in 2 s.
+                t.candidate = t.last_addr
+                s.hello_reply = True
 
     def _refuse(self, now: int) -> None:
         t = self.t
