@@ -1745,6 +1745,13 @@ _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this lo
 LK_TAG = const(12)          # a keyed frame's trailer: counter u32 + 8 bytes of HMAC (ubrb_keyed)
 _LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
 _LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
+_LK_HF_CHAL = const(4)      # a challenge: "name my epoch to prove you are live" (no acceptance)
+_LK_HELLO_GAP = const(50)   # at most one HELLO per 50 ms, whatever arrives: no two ends can storm
+# why the last HELLO was refused (LinkSession.hello_why; the ports say it in words)
+LKW_VERSION = const(1)     # another protocol version
+LKW_ROLE = const(2)        # an end of my own role (two gateways, two companions)
+LKW_KEYED = const(3)       # the peer is keyed and I am not
+LKW_UNKEYED = const(4)     # I am keyed and the peer is not
 _LK_STATS_SHARE = const(200)  # stats take at most 1/200 of a paced line's time (see send_stats)
 _LK_STATS_MAX_MS = const(10000)  # ... and wait for an idle link at most this long
 LK_STATS_CHUNK = const(128)  # bytes of counters per stats record on a paced line (11 ms at 115200)
@@ -2024,6 +2031,8 @@ class LinkSession:
         self.now = 0
         self.hello_at = 0
         self.hello_reply = False
+        self.chal = 0  # a newcomer's epoch, named in our next HELLO as a challenge (0: none)
+        self.hello_why = 0  # LKW_*: why the last HELLO was refused (the port reads and clears)
         self.last_rx = 0
         self.last_tx = 0
         self.srtt = 0
@@ -2376,11 +2385,12 @@ class LinkSession:
         L = self._head(LK_HELLO, 0, 18)
         b[8] = _LK_VERSION
         b[9] = 0 if self.is_gateway else 1
-        struct.pack_into("<IIHIBB", b, 10, self.epoch, self.peer_epoch,
+        struct.pack_into("<IIHIBB", b, 10, self.epoch, self.chal or self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
                          (0 if self.state == LINK_UP else _LK_HF_REPLY) |
-                         (_LK_HF_KEYED if self.tag else 0))
+                         (_LK_HF_KEYED if self.tag else 0) | (_LK_HF_CHAL if self.chal else 0))
         self.hello_reply = False
+        self.chal = 0
         self.hello_at = now + LK_HELLO_MS
         self.stat_counts[_LKC_HELLO_TX] += 1
         return self._seal(L, 0, now)
@@ -2388,11 +2398,13 @@ class LinkSession:
     def poll_tx(self, now):
         """Build the next frame in tx_buf; returns its length (0: nothing)."""
         self.now = now
+        # a reply waits until _LK_HELLO_GAP after our last HELLO (sent at hello_at - LK_HELLO_MS)
+        reply = self.hello_reply and now - self.hello_at >= _LK_HELLO_GAP - LK_HELLO_MS
         if self.state != LINK_UP:
-            if now - self.hello_at >= 0 or self.hello_reply:
+            if now - self.hello_at >= 0 or reply:
                 return self._hello(now)
             return 0
-        if self.hello_reply:
+        if reply:
             return self._hello(now)
         self._timer(now)
         if self.sack_pending:            # what we hold goes out before anything else
@@ -2668,6 +2680,8 @@ class LinkSession:
                 continue
             if self.mac is None or self.mac.check(b, p, L, kind, self.stat_counts):
                 self._frame(b, p, L, ctl)
+            elif kind == LK_HELLO and L == LK_OVH + 18:
+                self.hello_why = LKW_UNKEYED  # (counted auth) an unkeyed HELLO: no trailer
             p += L
         return p
 
@@ -2749,22 +2763,32 @@ class LinkSession:
         return lk_replayed(self.be_win, seq, d if d < 128 else d - 256)
 
     def _on_hello(self, b, p, n, now):
-        if n < 18 or b[p] != _LK_VERSION or b[p + 1] == (0 if self.is_gateway else 1):
-            self.stat_counts[_LKC_PROTO] += 1       # other version, or two ends of the same role
-            return
-        pe, ye, pf, pm, pw, flags = struct.unpack_from("<IIHIBB", b, p + 2)
-        if (flags & _LK_HF_KEYED) and not self.tag:
-            self.stat_counts[_LKC_PROTO] += 1       # the peer has a link key and we have none: never pair
+        why = LKW_VERSION if n < 18 or b[p] != _LK_VERSION else 0
+        if not why and b[p + 1] == (0 if self.is_gateway else 1):
+            why = LKW_ROLE                         # two ends of the same role
+        if not why:
+            pe, ye, pf, pm, pw, flags = struct.unpack_from("<IIHIBB", b, p + 2)
+            if (flags & _LK_HF_KEYED) and not self.tag:
+                why = LKW_KEYED                    # the peer has a link key and we have none
+        if why:
+            self.stat_counts[_LKC_PROTO] += 1       # never pair
+            self.hello_why = why
             return
         self.stat_counts[_LKC_HELLO_RX] += 1
         # verified: the sender knows our current epoch (keyed: and proved the link key over it,
         # the MAC was checked in _parse); the only kind of HELLO that may change a used session
         verified = ye == self.epoch
+        if flags & _LK_HF_CHAL and not verified:
+            self.stat_counts[_LKC_HELLO_IGNORED] += 1  # a challenge to another epoch than ours
+            return
         if pe != self.peer_epoch:
             if self.used and not verified:
-                # someone who has not seen us (a restarted peer, or anyone at all): answer, so a
-                # real peer learns our epoch, but the session we have is not touched
+                # someone who has not seen us (a restarted peer, the peer of a session we left,
+                # or anyone at all): our session is not touched, but we challenge it to name our
+                # epoch, so a live peer (keyed: with the key) proves it is no stale HELLO and a
+                # new session can start even when both ends were used (section 3)
                 self.stat_counts[_LKC_HELLO_IGNORED] += 1
+                self.chal = pe
                 self.hello_reply = True
                 return
             # a new peer session: the old stream is gone for good, on both ends
@@ -2788,6 +2812,9 @@ class LinkSession:
             # stale or forged HELLO must not stop it; a real peer in doubt stops sending and
             # the dead timer, or its new epoch, settles it)
             self.hello_reply = True
+            return
+        if flags & _LK_HF_CHAL:
+            self.hello_reply = True  # a challenge: answer it, but it accepts nothing yet
             return
         self.stat_counts[_LKC_HELLO_OK] += 1
         self.last_rx = now

@@ -18,7 +18,9 @@ def test_gateway_says_it_waits_for_the_companion() -> None:
     try:
         g.wait_line(r"listening on", 20)
         t0 = time.monotonic()
-        g.wait_line(r"INFO ubrb\.link: link: waiting for the companion on %s$" % link, 10)
+        g.wait_line(r"INFO ubrb\.link: link: waiting for the companion on %s: nothing received "
+                    r"\(is the companion running there\? one paired with another gateway does "
+                    r"not answer\)$" % link, 10)
         assert time.monotonic() - t0 < 5
     finally:
         g.stop(signal.SIGINT)
@@ -43,7 +45,8 @@ def test_link_up_down_and_restart_are_logged_as_they_happen() -> None:
     gw = gw2 = None
     try:
         comp.wait_line(r"companion on link", 30)
-        comp.wait_line(r"link: waiting for the gateway on %s$" % link, 10)
+        comp.wait_line(r"INFO ubrb\.link: link: waiting for the gateway on %s: nothing received "
+                       r"\(no gateway sends to this address\)$" % link, 10)
         gw = Proc(GATEWAY + ["--listen", "127.0.0.1:0", "--link", link, "--profile", "mcu"])
         comp.wait_line(r"INFO ubrb\.link: link up: the gateway answers on %s$" % link, 20)
         gw.wait_line(r"INFO ubrb\.link: link up: the companion answers on %s$" % link, 20)

@@ -198,8 +198,7 @@ def test_keyed_hello_replay_is_dropped():
     c = sess(False, 22, key=KEY)
     p = Pair(g, c)
     p.up()
-    g.hello_reply = True
-    n = g.poll_tx(p.now)
+    n = g._hello(p.now)
     h = bytes(g.tx_buf[:n])
     c.feed(h, 0, n, p.now)
     r = c.counters()["replay"]

@@ -36,6 +36,11 @@ log = logging.getLogger("ubrb.link")
 
 REOPEN_MS = 500
 AUTH_LOG_MS = 10000           # at most one warning about unauthenticated frames per 10 s
+# The companion on UDP takes a HELLO from another address than its gateway's only once that
+# gateway has been silent this long (3 heartbeats, under the 2 s dead time, so a newcomer is up
+# within 2 s of the old one leaving); before, it is refused unread (a second gateway with the
+# same key would otherwise take the companion over, docs/LINK.md section 10).
+TAKEOVER_MS = 1200
 OUT_QUEUE_LIMIT = 256         # bytes in the UART driver before we stop building frames
 RCVBUF = 4 * ubrb_setup.LINK_WINDOW_BYTES  # UDP receive queue asked for (the kernel counts ~2x)
 UDP_WINDOW = 64  # frames a CPython end lets be in flight towards it on UDP (udp_window)
@@ -54,6 +59,13 @@ UDP_GRO = getattr(socket, "UDP_GRO", 104)
 GSO_MAX_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
 GSO_MAX_BYTES = 65000  # UDP payload of one batch: under an IP datagram's 65535 with headers
 _GSO_REFUSED = (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP)
+
+
+def address(a: Any) -> str:
+    """host:port of a socket address (IPv6: [host]:port)."""
+    if not isinstance(a, tuple):
+        return str(a)
+    return ("[%s]:%d" if ":" in a[0] else "%s:%d") % (a[0], a[1])
 
 
 def new_epoch() -> int:
@@ -366,6 +378,13 @@ class LinkDriver:
         self.retry_at = 0
         self.auth_seen = 0  # frames failing authentication, as last reported (tick)
         self.auth_at = 0
+        self.replay_seen = 0  # replayed frames (valid MAC, seen before), as last reported
+        self.replay_at = 0
+        # HELLOs refused from another address while the gateway we have is alive (companion, UDP)
+        self.c_refused = 0
+        self.refused_from: Any = None  # the newcomer last refused,
+        self.refused_since = 0         # ... since when,
+        self.refused_said = -AUTH_LOG_MS  # ... and when we last warned about one
         self.c_reopen = 0
         self.c_io_err = 0
         self.unacked = 0  # datagrams taken in since the last flush
@@ -427,14 +446,19 @@ class LinkDriver:
         if t.peer is not None and t.last_addr == t.peer:
             s.feed(buf, off, n, now)
         elif not t.gateway and _is_hello(memoryview(buf)[off:], n):
-            # re-lock only on a verified HELLO: one that knows our current epoch (keyed:
-            # and proves the key over it); anything less is answered, nothing more
-            # and answer it. Unkeyed, only while we have no live session: a stranger learns
-            # no epoch from an UP companion (a restarted gateway is answered once the old
-            # session has timed out, <= 2 s after the old gateway went silent). Keyed, an
-            # epoch is no secret: always (a restarted gateway is back within one round trip).
+            if s.is_up() and now - s.last_rx < TAKEOVER_MS:
+                # Our gateway is alive: a second one is not let in. Keyed, only a HELLO with a
+                # valid MAC is a gateway's (the rest is counted `auth`, as the session would).
+                k = buf[off + 2] | (buf[off + 3] << 8)
+                if s.mac is None or (k <= n and s.mac.check(buf, off, k, L.LK_HELLO,
+                                                           s.stat_counts)):
+                    self._refuse(now)
+                return
+            # Our gateway is silent (or there is none): the HELLO is handled and answered at its
+            # address. Re-lock only on a verified HELLO: one that knows our current epoch
+            # (keyed: and proves the key over it); anything less is answered, nothing more.
             ok = s.stat_counts[L._LKC_HELLO_OK]
-            t.candidate = None if s.is_up() and not s.tag else t.last_addr
+            t.candidate = t.last_addr
             s.feed(buf, off, n, now)
             if s.stat_counts[L._LKC_HELLO_OK] != ok:
                 log.info("link: peer is now %s", t.last_addr)
@@ -442,6 +466,28 @@ class LinkDriver:
                 t.candidate = None
         else:
             t.c_foreign += 1
+            if (not t.gateway and not s.is_up() and n >= L.LK_OVH and buf[off] == L.LK_SYNC0
+                    and buf[off + 1] == L.LK_SYNC1):
+                # A frame of a session we do not have (we restarted; the gateway goes on until
+                # its dead timer): a HELLO there (paced by the session) tells it our epoch, and
+                # the handshake (section 3) starts a new session at once instead of in 2 s.
+                t.candidate = t.last_addr
+                s.hello_reply = True
+
+    def _refuse(self, now: int) -> None:
+        t = self.t
+        self.c_refused += 1
+        if t.last_addr != self.refused_from:
+            self.refused_from, self.refused_since = t.last_addr, now
+        # Said once our gateway has spoken since this newcomer began (it is alive, not a
+        # gateway that restarted from a new port while the old one's session runs out), then at
+        # most every AUTH_LOG_MS.
+        if self.s.last_rx > self.refused_since and now - self.refused_said >= AUTH_LOG_MS:
+            self.refused_said = now
+            log.warning("link: refused the gateway at %s: the gateway at %s is alive on this "
+                        "link (two gateways for one companion?); a newcomer takes over only once "
+                        "the gateway in use is silent for %.1f s", address(t.last_addr),
+                        address(t.peer), TAKEOVER_MS / 1000)
 
     def flush(self, now: int) -> None:
         if self.broken:
@@ -469,11 +515,18 @@ class LinkDriver:
     def tick(self, now: int) -> None:
         self.s.tick(now)
         counts = self.s.stat_counts  # by ubrb_min's _LKC_* indices
-        bad = counts[L.LKC_AUTH] + counts[L.LKC_REPLAY]
-        if bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
-            log.warning("link: %d frames failed authentication or were replays (a peer with "
-                        "another --link-key, or someone else on the link)", bad - self.auth_seen)
+        bad = counts[L.LKC_AUTH]
+        if not self.s.is_up():
+            self.auth_seen = bad  # (while down, LinkWatch says it as what this end waits for)
+        elif bad != self.auth_seen and now - self.auth_at >= AUTH_LOG_MS:
+            log.warning("link: %d frames failed authentication (a peer with another "
+                        "--link-key or none, or someone else on the link)", bad - self.auth_seen)
             self.auth_seen, self.auth_at = bad, now
+        bad = counts[L.LKC_REPLAY]
+        if bad != self.replay_seen and now - self.replay_at >= AUTH_LOG_MS:
+            log.warning("link: %d replayed frames dropped (a valid MAC, but seen before: "
+                        "someone re-sends captured link traffic)", bad - self.replay_seen)
+            self.replay_seen, self.replay_at = bad, now
         if self.broken and now >= self.retry_at:
             try:
                 self.t.open()
@@ -495,6 +548,7 @@ class LinkDriver:
     def counters(self) -> Dict[str, int]:
         d: Dict[str, int] = self.s.counters()
         d["foreign"] = getattr(self.t, "c_foreign", 0)
+        d["refused"] = self.c_refused
         d["reopen"] = self.c_reopen
         d["io_err"] = self.c_io_err
         return d
@@ -531,11 +585,13 @@ def udp_window(window: int, max_frame: int) -> int:
 
 
 class LinkWatch:
-    """Says what the link is doing the moment it changes (up, down, the peer restarted) and, while
-    it is down, what this end waits for: once after a second, then every REMIND_MS. Both
-    programs call check(now) on every turn of their loop."""
+    """Says what the link is doing the moment it changes (up; down, and why; the peer restarted)
+    and, while it is down, what this end sees of the other: after FIRST_MS without a link, then
+    every REMIND_MS, one line from the counters' growth over that time (nothing at all, bytes that
+    fail the CRC, frames that fail authentication, HELLOs this end cannot take). Both programs
+    call check(now) on every turn of their loop."""
 
-    FIRST_MS = 1000
+    FIRST_MS = 3000
     REMIND_MS = 10000
 
     def __init__(self, driver: LinkDriver, url: str, peer: str, now: int,
@@ -547,6 +603,7 @@ class LinkWatch:
         self.up = False
         self.epoch: Optional[int] = None
         self.remind_at = now + self.FIRST_MS
+        self.base = driver.counters()  # at the last change or report: what grew since is seen
 
     def check(self, now: int) -> None:
         s = self.d.s
@@ -556,19 +613,76 @@ class LinkWatch:
             self.epoch = s.peer_epoch
         elif up != self.up:
             self.up = up
+            c = self.d.counters()
             if up:
                 new = self.epoch is not None and s.peer_epoch != self.epoch
                 log.info("link up: the %s%s answers on %s", self.peer,
                          " (restarted: new session)" if new else "", self.url)
                 self.epoch = s.peer_epoch
             else:
-                log.warning("link down: nothing from the %s for %.0f s%s", self.peer,
-                            L.LK_DEAD_MS / 1000, self.down_note)
-                self.remind_at = now + self.REMIND_MS
+                log.warning("link down: %s%s", self.down_cause(c), self.down_note)
+                self.remind_at = now + self.FIRST_MS
+            self.base = c
         if not up and now >= self.remind_at:
             self.remind_at = now + self.REMIND_MS
             if self.d.broken:
                 log.warning("link: waiting for %s to open (retrying every %.1f s)",
                             getattr(self.d.t, "path", self.url), REOPEN_MS / 1000)
-            else:
-                log.info("link: waiting for the %s on %s", self.peer, self.url)
+                return
+            c = self.d.counters()
+            why, bad = self.seen({k: v - self.base.get(k, 0) for k, v in c.items()})
+            s.hello_why = 0
+            self.base = c
+            (log.warning if bad else log.info)("link: waiting for the %s on %s: %s", self.peer,
+                                               self.url, why)
+
+    def down_cause(self, c: Dict[str, int]) -> str:
+        """Why the link just went down, from what the counters gained while it was up."""
+        if c["desync"] > self.base["desync"]:
+            return ("the %s and this end disagreed about the stream (desync, or its keys ran "
+                    "out): a new session starts" % self.peer)
+        if c["new"] > self.base["new"]:
+            other = " (or another gateway took over)" if self.peer == "gateway" else ""
+            return "the %s began a new session: it restarted%s" % (self.peer, other)
+        return "nothing from the %s for %.0f s" % (self.peer, L.LK_DEAD_MS / 1000)
+
+    def seen(self, d: Dict[str, int]) -> Tuple[str, bool]:
+        """What this end saw of the other while waiting, from the counters' growth `d` (and the
+        session's hello_why); and whether it is a mistake to fix rather than an absent peer."""
+        why = self.d.s.hello_why
+        peer = self.peer
+        serial = not self.d.t.datagram
+        if d["proto"] and why == L.LKW_VERSION:
+            return ("its HELLOs are of another link protocol version: run the same release on "
+                    "both ends", True)
+        if d["proto"] and why == L.LKW_ROLE:
+            me = "gateway" if self.d.s.is_gateway else "companion"
+            return ("HELLOs from another %s, not a %s: check --link on both ends" % (me, peer),
+                    True)
+        if d["proto"] and why == L.LKW_KEYED:
+            return ("HELLOs from a %s with a link key, and this end has none: give both the same "
+                    "--link-key" % peer, True)
+        if d["auth"] and why == L.LKW_UNKEYED:
+            return ("HELLOs from a %s without a link key: give both the same --link-key" % peer,
+                    True)
+        if d["auth"]:
+            return ("%d frames failed authentication: the %s has another --link-key"
+                    % (d["auth"], peer), True)
+        if d["replay"]:
+            return ("%d replayed frames (a valid MAC, seen before): someone re-sends captured "
+                    "link traffic" % d["replay"], True)
+        if d["rx_bytes"] and not d["rx_frames"]:
+            hint = "check --baud on both ends, or the cable" if serial else "no link peer there?"
+            return ("%d bytes received, but no frame passes the CRC: %s" % (d["rx_bytes"], hint),
+                    True)
+        if d.get("foreign") and not d["rx_bytes"]:
+            return ("%d datagrams from other addresses only (ignored)" % d["foreign"], True)
+        if not d["rx_bytes"]:
+            if serial:
+                return "nothing received (is the %s running, on this line?)" % peer, False
+            if peer == "companion":
+                return ("nothing received (is the companion running there? one paired with "
+                        "another gateway does not answer)", False)
+            return "nothing received (no gateway sends to this address)", False
+        return ("%d frames received, %d HELLOs, no handshake yet" % (d["rx_frames"],
+                                                                   d["hello_rx"]), False)
