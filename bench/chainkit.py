@@ -267,7 +267,8 @@ class Chain:
     def __init__(self, baud: Optional[int] = None, gateway_args: Tuple[str, ...] = (),
                  companion_args: Tuple[str, ...] = (), line: Optional[PtyLine] = None,
                  udp_via: Optional[Callable[[int], int]] = None) -> None:
-        self.line: Optional[PtyLine] = line
+        # a PacedLine (its .sniff) unless the caller gave its own line
+        self.line: Any = line
         self.gw: Optional[Proc] = None
         self.comp: Optional[Proc] = None
         self.port = free_port()

@@ -39,7 +39,6 @@ Each condition starts its own chain; ~10 s of offered load plus up to --drain s 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import select
@@ -96,14 +95,16 @@ LINK_SHOWN = ("tx_frames", "retx", "timeouts", "fast_retx", "ooo", "dup", "crc_e
 
 
 # -- the payload: a String whose text carries the sequence number and the time it was due ---------
-def field_cdr(seq: int, due: float, size: int) -> bytes:
-    head = b"0:%d:%d:" % (seq, int(due * 1e6))
+def field_cdr(seq: int, due_us: int, size: int) -> bytes:
+    """The CDR of message ``seq``, due at ``due_us`` (monotonic clock, microseconds)."""
+    head = b"0:%d:%d:" % (seq, due_us)
     return K.string_cdr(head + b"x" * (size - 9 - len(head)))
 
 
-def field_tag(cdr: bytes) -> Tuple[int, float]:
+def field_tag(cdr: bytes) -> Tuple[int, int]:
+    """(seq, due_us) of a field_cdr; ValueError when it is not one."""
     _, seq, due, _ = K.string_of(cdr).split(b":", 3)
-    return int(seq), int(due) / 1e6
+    return int(seq), int(due)
 
 
 def physical_payload_share(ber: float, overhead: int = FRAME_OVERHEAD) -> float:
@@ -165,7 +166,8 @@ class PacedClient(K.RawClient):
             with self.lock:
                 while q and len(self.out) < 2048:   # committed frames: no more than ~2 ahead
                     s, due = q.popleft()
-                    self.out += F.encode_data_frame(F.PUBLISH, 1, field_cdr(s, due, size))
+                    self.out += F.encode_data_frame(F.PUBLISH, 1,
+                                                    field_cdr(s, int(due * 1e6), size))
                     written += 1
             if self._flush():
                 continue
@@ -199,13 +201,16 @@ def ranges(seqs: List[int]) -> List[Tuple[int, int]]:
 
 
 def _writer_main(argv: List[str]) -> int:
-    ap = argparse.ArgumentParser(prog="bench/link_field.py writer")
-    ap.add_argument("--port", type=int, required=True)
+    ap = host_cli.Parser(prog="bench/link_field.py writer",
+                         description="the UBRB client of bench/link_field.py: advertises TOPIC, "
+                                     "prints 'ready', offers RATE msg/s for SECONDS on SIGUSR1, "
+                                     "prints what it did, stays connected until SIGTERM")
+    ap.add_argument("--port", type=host_cli.port_number, required=True)
     ap.add_argument("--topic", required=True)
     ap.add_argument("--rate", type=float, required=True)
-    ap.add_argument("--seconds", type=float, required=True)
-    ap.add_argument("--size", type=int, default=SIZE)
-    ap.add_argument("--late", type=float, default=2.0)
+    ap.add_argument("--seconds", type=host_cli.duration, required=True)
+    ap.add_argument("--size", type=host_cli.positive_int, default=SIZE)
+    ap.add_argument("--late", type=host_cli.duration, default=2.0)
     a = ap.parse_args(argv)
     go, stopping = threading.Event(), threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: go.set())
@@ -238,23 +243,30 @@ def dds_reader(topic: str) -> Any:
     return DataReader(K.participant(), K.string_topic(topic), qos=qos)
 
 
-def offered_seconds(cond: Dict[str, Any], seconds: float, event_at: float) -> float:
-    """Long enough that the stream runs on for 4 s after the condition's outage."""
+def offered_seconds(cond: Dict[str, Any], seconds: float, event_at: float,
+                    tail: float = 4.0) -> float:
+    """Long enough that the stream runs on for ``tail`` s after the condition's outage."""
     outage = cond.get("blackout") or cond.get("pull") or cond.get("cut") or cond.get("kill9") or 0
-    return max(seconds, event_at + outage + 4.0) if outage else seconds
+    return max(seconds, event_at + outage + tail) if outage else seconds
 
 
 def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None,
                   size: int = SIZE, seed: int = 1, drain: float = 10.0, late: float = 2.0,
-                  event_at: float = 3.0, baud: int = SERIAL_BAUD) -> Dict[str, Any]:
-    """Run one condition through fresh processes; the figures as a dict (see the docstring)."""
-    cond = CONDITIONS[name]
+                  event_at: float = 3.0, tail: float = 4.0, baud: int = SERIAL_BAUD,
+                  impair: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Run one condition through fresh processes; the figures as a dict (see the docstring).
+    An outage starts ``event_at`` s into the offered load, which goes on ``tail`` s after it;
+    ``impair`` overrides some of a proxied condition's Impairment arguments."""
+    cond = dict(CONDITIONS[name])
+    if impair and "impair" in cond:
+        cond["impair"] = dict(cond["impair"], **impair)
     rate = rate or float(cond["rate"])
-    seconds = offered_seconds(cond, seconds, event_at)
+    seconds = offered_seconds(cond, seconds, event_at, tail)
     topic = "/field/" + "".join(ch if ch.isalnum() else "_" for ch in name)
     proxy: Optional[UdpImpairProxy] = None
     line: Any = None
-    r: Dict[str, Any] = {"condition": name, "rate": rate, "seconds": seconds, "size": size}
+    r: Dict[str, Any] = {"condition": name, "rate": rate, "seconds": seconds, "size": size,
+                         "impair": cond.get("impair")}
     if cond["link"] == "udp":
         kw: Dict[str, Any] = {}
         if "impair" in cond:
@@ -270,7 +282,6 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
             line = BerLine(baud, cond["ber"], seed)
         chain = K.Chain(baud, companion_args=COMPANION_ARGS, line=line)
         line = chain.line
-    comps = []
     w: Optional[K.Proc] = None
     reader = dds_reader(topic)
     try:
@@ -283,8 +294,8 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
         col = K.Collector(reader)
         os.kill(w.pid, signal.SIGUSR1)
         t_go = time.monotonic()
-        event = threading.Thread(target=_event, args=(cond, chain, proxy, line, t_go + event_at,
-                                                      comps), daemon=True)
+        event = threading.Thread(target=_event, args=(cond, chain, proxy, line, t_go + event_at),
+                                 daemon=True)
         event.start()
         res = json.loads(w.wait_line(r"^offered (.*)$", seconds + late + 60).group(1))
         event.join(30)
@@ -315,7 +326,6 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
             proxy.close()
     r["gw_link"] = K.last_counters(gw_out, "link")
     r["gw"] = K.last_counters(gw_out, "gateway")
-    comps.append(chain.comp)
     r["comp_link"] = K.last_counters(chain.comp.output(), "link") if chain.comp else {}
     if proxy is not None:
         r["proxy"] = proxy.counts()
@@ -333,7 +343,7 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
 
 
 def _event(cond: Dict[str, Any], chain: K.Chain, proxy: Optional[UdpImpairProxy], line: Any,
-           at: float, comps: List[Any]) -> None:
+           at: float) -> None:
     """The condition's outage, ``at`` (monotonic s)."""
     time.sleep(max(0.0, at - time.monotonic()))
     if cond.get("blackout") and proxy is not None:
@@ -349,7 +359,6 @@ def _event(cond: Dict[str, Any], chain: K.Chain, proxy: Optional[UdpImpairProxy]
     elif cond.get("kill9") and chain.comp is not None:
         chain.comp.proc.kill()                      # SIGKILL
         chain.comp.proc.wait(5)
-        comps.append(chain.comp)
         time.sleep(cond["kill9"])
         chain.start_companion()
 
@@ -359,16 +368,23 @@ def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set) -> D
     lat: List[float] = []
     times: List[float] = []
     top = -1
-    ooo = 0
+    ooo = corrupt = 0
     for t, d in got:
-        s, due = field_tag(d)
+        try:
+            s, due = field_tag(d)
+            ok = d == field_cdr(s, due, len(d))
+        except ValueError:
+            ok = False
+        if not ok:                        # accepted with a bit flipped somewhere
+            corrupt += 1
+            continue
         seen[s] = seen.get(s, 0) + 1
         if seen[s] > 1:
             continue
         if s < top:
             ooo += 1
         top = max(top, s)
-        lat.append(t - due)
+        lat.append(t - due / 1e6)
         times.append(t)
     written = res["written"]
     delivered = len(seen)
@@ -377,6 +393,7 @@ def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set) -> D
     return {"offered": res["offered"], "written": written, "unsent": len(unsent),
             "delivered": delivered, "missing": written - sum(1 for s in seen if s not in unsent),
             "duplicates": sum(v - 1 for v in seen.values()), "out_of_order": ooo,
+            "corrupt": corrupt,
             "delivered_unsent": sum(1 for s in seen if s in unsent),   # must stay 0
             "per_s": K.steady_rate(times), "whole_per_s": delivered / span if span > 0 else 0.0,
             "p50": pc.get("p50"), "p99": pc.get("p99"), "max": pc.get("max")}
@@ -404,10 +421,10 @@ def ms(v: Optional[float]) -> str:
 
 def fmt(r: Dict[str, Any]) -> str:
     lines = ["%s: offered %d (%.0f msg/s x %.0f s), written %d, unsent %d, delivered %d "
-             "(%.1f %% of offered), missing %d, duplicates %d, out of order %d"
+             "(%.1f %% of offered), missing %d, duplicates %d, out of order %d, corrupt %d"
              % (r["condition"], r["offered"], r["rate"], r["seconds"], r["written"], r["unsent"],
                 r["delivered"], 100.0 * r["delivered"] / max(1, r["offered"]), r["missing"],
-                r["duplicates"], r["out_of_order"])]
+                r["duplicates"], r["out_of_order"], r["corrupt"])]
     lines.append("    %.0f msg/s steady (%.0f whole run), latency p50 %s / p99 %s / max %s ms"
                  % (r["per_s"], r["whole_per_s"], ms(r["p50"]), ms(r["p99"]), ms(r["max"])))
     if "line_Bps" in r:
@@ -429,6 +446,8 @@ def fmt(r: Dict[str, Any]) -> str:
     if r.get("errors"):
         lines.append("    ERROR frames to the client: %s" % ", ".join(r["errors"]))
     if "proxy" in r:
+        lines.append("    impairment each way: " + ", ".join("%s %s" % kv
+                                                         for kv in r["impair"].items()))
         lines.append("    proxy: " + "; ".join("%s %s" % (d, ", ".join(
             "%s %d" % kv for kv in c.items() if kv[1])) for d, c in r["proxy"].items()))
     if r.get("target"):
@@ -471,6 +490,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="the client gives a message up (unsent) when it could not start writing "
                          "it this long after its time")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--loss", type=float, help="override the proxied conditions' loss (0..1)")
+    ap.add_argument("--dup", type=float, help="... their duplication (0..1)")
+    ap.add_argument("--reorder", type=float,
+                    help="... the share of datagrams held back (0..1; 0.05 in mixed and reorder)")
+    ap.add_argument("--depth", type=int, help="... how many later ones a held one waits for (8)")
+    ap.add_argument("--delay-ms", type=float, help="... the random delay's upper bound, ms")
     ap.add_argument("--json", action="store_true", help="also print each result as JSON")
     a = ap.parse_args(argv)
     names = a.conditions or list(CONDITIONS)
@@ -480,9 +505,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("link in the field: reliable %d B std_msgs/String, DDS domain %d (loopback only); "
           "cores: %d (load average %.1f: the machine may be shared)"
           % (SIZE, K.DOMAIN, os.cpu_count() or 0, os.getloadavg()[0]), flush=True)
+    over: Dict[str, Any] = {k: getattr(a, k) for k in ("loss", "dup", "reorder", "depth")
+                            if getattr(a, k) is not None}
+    if a.delay_ms is not None:
+        over["delay"] = (0.0, a.delay_ms / 1000.0)
     rs = []
     for n in names:
-        r = run_condition(n, a.seconds, a.rate, seed=a.seed, drain=a.drain, late=a.late)
+        r = run_condition(n, a.seconds, a.rate, seed=a.seed, drain=a.drain, late=a.late,
+                          impair=over)
         rs.append(r)
         print(fmt(r), flush=True)
         if a.json:

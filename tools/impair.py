@@ -173,7 +173,7 @@ class UdpImpairProxy:
             return {"gw->comp": dict(self.dirs[0].c), "comp->gw": dict(self.dirs[1].c)}
 
     def _run(self) -> None:
-        socks = [self.front, self.back]
+        socks: List[Any] = [self.front, self.back]
         while not self._stop:
             with self.lock:
                 nexts = [t for t in (d.next_at() for d in self.dirs) if t is not None]
@@ -184,7 +184,7 @@ class UdpImpairProxy:
                 wait = max(0.0, min(wait, min(nexts) - now))
             if now < dark_until:
                 wait = min(wait, max(0.0, dark_until - now))
-            r, _, _ = select.select([self._wake_r] + socks, [], [], wait)
+            r, _, _ = select.select([self._wake_r, *socks], [], [], wait)
             if self._wake_r in r:
                 os.read(self._wake_r, 64)
             now = time.monotonic()
