@@ -7,6 +7,8 @@ across an impaired link:
     mixed       UDP, 5 % drop + 5 % duplication + 5 % reordered within 8 + 0-20 ms delay
     reorder     UDP, 5 % of the datagrams held back behind 1..8 later ones, nothing else
     loss5       UDP, 5 % loss          loss20   UDP, 20 % loss
+    dup5        UDP, 5 % duplication   delay    UDP, 0-20 ms delay keeping the order (both held
+                before issue 20 and must keep holding)
     blackout3   UDP, nothing crosses for 3 s mid-stream      blackout10   the same for 10 s
     kill9       UDP, the companion killed (SIGKILL) mid-stream, restarted 0.5 s later
     pull4       serial 921,600 baud, the gateway's adapter unplugged for 4 s (the device
@@ -81,6 +83,10 @@ CONDITIONS: Dict[str, Dict[str, Any]] = {
                   target=dict(delivered=0.95, p99=0.25)),
     "loss20": dict(link="udp", rate=1000, impair=dict(loss=0.20),
                    target=dict(delivered=0.95, p99=1.0)),
+    "dup5": dict(link="udp", rate=1000, impair=dict(dup=0.05),
+                 target=dict(delivered=0.95, p99=0.25)),
+    "delay": dict(link="udp", rate=1000, impair=dict(delay=(0.0, 0.020)),
+                  target=dict(delivered=0.95, p99=0.25)),
     "blackout3": dict(link="udp", rate=1000, impair={}, blackout=3.0, target=dict(missing=0)),
     "blackout10": dict(link="udp", rate=1000, impair={}, blackout=10.0, target=dict(missing=0)),
     "kill9": dict(link="udp", rate=1000, kill9=0.5, target=dict(missing=0)),

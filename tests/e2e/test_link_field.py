@@ -111,3 +111,14 @@ def test_ber_1e3_carries_30_percent_of_the_line() -> None:
 def test_ber_1e4_carries_60_percent_of_the_line() -> None:
     r = field("ber1e-4")
     assert r["payload_share"] >= 0.60, LF.fmt(r)
+
+
+# -- what held before issue 20 and must keep holding --------------------------------------------------
+@pytest.mark.parametrize("name", ["dup5", "delay"])
+def test_duplication_or_in_order_delay_alone_hold(name: str) -> None:
+    # 5 % duplication, or 0-20 ms of delay that keeps the order: today every message arrives
+    # exactly once, in order (p99 195 / 88 ms in the bench; not asserted: the duplicates cost
+    # a few RTOs today, and a loaded machine moves a p99 near its bound)
+    r = field(name)
+    assert r["duplicates"] == 0 and r["out_of_order"] == 0, LF.fmt(r)
+    assert r["delivered"] >= 0.95 * r["offered"] and r["missing"] == 0, LF.fmt(r)
