@@ -258,11 +258,17 @@ class PacedLine(PtyLine):
 # -- the chain: gateway + link + companion, all as processes ---------------------------------------
 class Chain:
     """``python ubrb_min.py`` + ``python -m ros_side --backend dds`` over a UDP link (``baud``
-    None) or over a PacedLine at ``baud``. ``port``: the gateway's UBRB TCP port."""
+    None) or over a PacedLine at ``baud``. ``port``: the gateway's UBRB TCP port.
+
+    ``line``: a PtyLine of the caller's (e.g. tools/impair.BerLine) instead of a PacedLine;
+    ``udp_via(companion_port)``: the UDP port the gateway sends to instead of the companion's
+    (a proxy's, e.g. tools/impair.UdpImpairProxy). The chain closes a line it was given."""
 
     def __init__(self, baud: Optional[int] = None, gateway_args: Tuple[str, ...] = (),
-                 companion_args: Tuple[str, ...] = ()) -> None:
-        self.line: Optional[PacedLine] = None
+                 companion_args: Tuple[str, ...] = (), line: Optional[PtyLine] = None,
+                 udp_via: Optional[Callable[[int], int]] = None) -> None:
+        # a PacedLine (its .sniff) unless the caller gave its own line
+        self.line: Any = line
         self.gw: Optional[Proc] = None
         self.comp: Optional[Proc] = None
         self.port = free_port()
@@ -271,14 +277,17 @@ class Chain:
             if baud is None:
                 lport = free_port(socket.SOCK_DGRAM)
                 gw_link = comp_link = "udp://127.0.0.1:%d" % lport
+                if udp_via is not None:
+                    gw_link = "udp://127.0.0.1:%d" % udp_via(lport)
                 serial: Tuple[str, ...] = ()
             else:
-                self.line = PacedLine(baud)
+                if self.line is None:
+                    self.line = PacedLine(baud)
                 gw_link, comp_link = self.line.url("gw"), self.line.url("comp")
                 serial = ("--baud", str(baud))
-            self.comp = Proc([py, "-m", "ros_side", "--backend", "dds", "--domain", str(DOMAIN),
-                              "--link", comp_link, *serial, *companion_args])
-            self.comp.wait_line(r"companion on link")
+            self.comp_argv = [py, "-m", "ros_side", "--backend", "dds", "--domain", str(DOMAIN),
+                              "--link", comp_link, *serial, *companion_args]
+            self.start_companion()
             # every bench client connects from 127.0.0.1: let it use every client slot
             self.gw = Proc([py, "ubrb_min.py", "--listen", "127.0.0.1:%d" % self.port,
                             "--link", gw_link, *serial, "--max-clients-per-address", "8",
@@ -287,6 +296,11 @@ class Chain:
         except BaseException:
             self.close()
             raise
+
+    def start_companion(self) -> None:
+        """(Re)start the companion: a new process, the same link address."""
+        self.comp = Proc(self.comp_argv)
+        self.comp.wait_line(r"companion on link")
 
     def _accepting(self) -> bool:
         try:

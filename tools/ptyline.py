@@ -91,7 +91,9 @@ class PtyLine(PtyCable):
     (the link drivers pace themselves); a number: the relay is the line's rate. ``moved[0]``
     counts the bytes delivered gateway -> companion, ``moved[1]`` the other way;
     ``blackhole = True`` reads and drops everything (a cut cable); ``observe`` sees every delivered
-    chunk (a frame sniffer)."""
+    chunk (a frame sniffer); ``unplug("gw")`` / ``plug("gw")`` pull and re-plug one end's adapter
+    (done by the relay thread, which alone selects on the masters); a subclass may corrupt what
+    crosses by overriding ``impair``."""
 
     def __init__(self, baud: Optional[int] = None, prefix: str = "ubrb-line-",
                  observe: Optional[Observer] = None) -> None:
@@ -101,8 +103,39 @@ class PtyLine(PtyCable):
         self.blackhole = False
         self.observe = observe
         self._stop_r, self._stop_w = os.pipe()
+        self._calls: List[Callable[[], None]] = []
+        self._calls_lock = threading.Lock()
         self.t = threading.Thread(target=self._run, daemon=True, name="pty-line")
         self.t.start()
+
+    def impair(self, d: int, data: bytes) -> bytes:
+        """What the line makes of ``data`` read from end ``d`` (0: the gateway's): unchanged."""
+        return data
+
+    def _in_relay(self, fn: Callable[[], None]) -> None:
+        # Run fn in the relay thread between two selects and wait for it: closing a master the
+        # relay is selecting on could hand its descriptor number to another file meanwhile.
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+        with self._calls_lock:
+            self._calls.append(call)
+        os.write(self._stop_w, b"c")
+        if not done.wait(5):
+            raise RuntimeError("the pty relay did not answer")
+
+    def unplug(self, which: str) -> None:
+        """The adapter of end ``which`` ("gw" or "comp") vanishes: its program reads EOF/EIO,
+        and what the line held to or from it is gone."""
+        self._in_relay((self.a if which == "gw" else self.b).unplug)
+
+    def plug(self, which: str) -> None:
+        """A new adapter at the same path (the program reopens it)."""
+        self._in_relay((self.a if which == "gw" else self.b).plug)
 
     def _credit(self, credit: List[float], pend: List[bytearray], elapsed: float) -> None:
         for d in (0, 1):
@@ -110,13 +143,17 @@ class PtyLine(PtyCable):
             credit[d] = min(credit[d] + elapsed * self.rate, max(cap, 1.0))
 
     def _run(self) -> None:
-        src = [self.a.master, self.b.master]
         pend = [bytearray(), bytearray()]  # [d]: read from src[d], for src[1 - d]
         credit = [0.0, 0.0]
         paced = self.rate > 0
         last = time.monotonic()
         while True:
-            rl = [self._stop_r] + [src[d] for d in (0, 1) if len(pend[d]) < PENDING_CAP]
+            src = [self.a.master, self.b.master]   # -1 while that end is unplugged
+            for d in (0, 1):
+                if src[d] < 0 or src[1 - d] < 0:
+                    pend[d].clear()                # in flight to or from a vanished adapter
+            rl = [self._stop_r] + [src[d] for d in (0, 1)
+                                   if src[d] >= 0 and len(pend[d]) < PENDING_CAP]
             busy = bool(pend[0] or pend[1])
             if paced:
                 wl: List[int] = []
@@ -126,7 +163,13 @@ class PtyLine(PtyCable):
                 wait = 0.5
             r, _, _ = select.select(rl, wl, [], wait)
             if self._stop_r in r:
-                return
+                if b"x" in os.read(self._stop_r, 64):
+                    return
+                with self._calls_lock:
+                    calls, self._calls = self._calls, []
+                for call in calls:
+                    call()
+                continue
             now = time.monotonic()
             if paced:
                 self._credit(credit, pend, now - last)
@@ -140,8 +183,8 @@ class PtyLine(PtyCable):
                     except OSError:  # EIO while no one has the slave open
                         time.sleep(0.01)
                         data = b""
-                    if not self.blackhole:
-                        pend[d] += data
+                    if data and not self.blackhole:
+                        pend[d] += self.impair(d, data)
             for d in (0, 1):
                 k = min(int(credit[d]), len(pend[d])) if paced else len(pend[d])
                 if k <= 0:

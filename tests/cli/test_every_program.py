@@ -19,12 +19,13 @@ from tests.cli.helpers import PY, run
 from tests.support.procs import ROOT
 
 # modules only, imported by the programs and the tests, never run
-MODULES = {"bench/__init__.py", "tools/__init__.py", "tools/ptyline.py"}
+MODULES = {"bench/__init__.py", "tools/__init__.py", "tools/impair.py", "tools/ptyline.py"}
 FILES = sorted("%s/%s" % (d, f) for d in ("bench", "tools")
                for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(".py"))
 PROGRAMS = [f for f in FILES if f not in MODULES]
 # programs whose flags belong to a subcommand: the unknown flag after each subcommand too
 SUBCOMMANDS = {"bench/chainkit.py": ["dds-writer", "ubrb-writer"],
+               "bench/link_field.py": ["writer"],
                "tools/deploy.py": ["build", "board", "check"],
                "tools/ros_observer.py": ["watch", "echo"]}
 UNKNOWN = [[p] + ([s] if s else []) for p in PROGRAMS for s in [""] + SUBCOMMANDS.get(p, [])]

@@ -1,0 +1,132 @@
+"""Issue 20, the link in the field: its targets through the real processes -- ``python
+ubrb_min.py`` + a UDP link through an impairment proxy or a paced serial line + ``python -m
+ros_side --backend dds`` -- with a UBRB client process offering a reliable 1 KiB stream at a fixed
+rate to an independent DDS reader (bench/link_field.py run_condition: the bench's very rig and
+figures; its impairments are tools/impair.py, re-exported by tests/support/impair.py).
+
+"Delivered" is distinct sequence numbers at the reader, checked exactly once and in order;
+"missing" is what the client wrote into its socket that never arrived (a message the client could
+not write within 2 s of its time, the gateway pushing back, is "unsent": not delivered, not
+missing). Shorter than the bench (5 s of offered load, an outage 2 s in and 2 s of stream after
+it) to keep each test near 20 s; the rates are the issue's: 1,000 msg/s on UDP, 40 msg/s on the
+921,600-baud line (about half of it) for the cable pull, 100 msg/s (above the line's 90) for the
+bit error rates, whose target is the line's payload share.
+
+Each test fails with the link of today: ``xfail(strict=True)`` with the figure measured (these
+tests, a shared 2-core machine, main at 834d6c0), so the mark must go when the link is fixed (an
+unexpected pass fails the run). ``pytest --runxfail -s`` prints each condition's figures."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+import pytest
+
+from tests.e2e.helpers import E2E_DOMAIN, E2E_XML
+
+# chainkit (and so link_field) joins this run's DDS domain and discovery tag
+os.environ["UBRB_BENCH_XML"] = E2E_XML
+os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
+from bench import chainkit as K  # noqa: E402
+from bench import link_field as LF  # noqa: E402
+
+SECONDS = 5.0      # offered load without an outage
+EVENT_AT = 2.0     # an outage starts this far into the stream ...
+TAIL = 2.0         # ... which goes on this long after it
+DRAIN = 6.0
+
+
+@pytest.fixture(autouse=True)
+def session_participant(dp: Any) -> None:
+    """link_field's DDS reader lives on the e2e session's participant (tests/e2e/conftest.py)."""
+    K.use_participant(dp)
+
+
+def field(name: str) -> Dict[str, Any]:
+    r = LF.run_condition(name, SECONDS, drain=DRAIN, event_at=EVENT_AT, tail=TAIL)
+    print(LF.fmt(r))
+    assert r["corrupt"] == 0, "a corrupted message reached ROS: %s" % LF.fmt(r)
+    assert r["delivered_unsent"] == 0, LF.fmt(r)
+    return r
+
+
+def assert_stream(r: Dict[str, Any], p99_s: float) -> None:
+    """>= 95 % of the offered delivered exactly once, in order, p99 latency within ``p99_s``."""
+    assert r["duplicates"] == 0 and r["out_of_order"] == 0, LF.fmt(r)
+    assert r["delivered"] >= 0.95 * r["offered"], LF.fmt(r)
+    assert r["p99"] is not None and r["p99"] <= p99_s, LF.fmt(r)
+
+
+def assert_nothing_lost(r: Dict[str, Any], duplicates_allowed: bool = False) -> None:
+    """Everything the client wrote arrives, in order; nothing dropped silently by the gateway."""
+    assert r["missing"] == 0 and r["out_of_order"] == 0, LF.fmt(r)
+    assert duplicates_allowed or r["duplicates"] == 0, LF.fmt(r)
+    assert not r["gw"].get("dropped_no_ros"), LF.fmt(r)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 57.9 % of 5,000 delivered, 261 msg/s, p99 7.9 s (bench, 10 s: "
+    "33-57 %, 175-299 msg/s, p99 16-17 s)"))
+def test_mixed_wifi_keeps_95_percent_in_order_p99_250ms() -> None:
+    # 5 % drop + 5 % duplication + 5 % reordered within 8 + 0-20 ms delay, each way
+    assert_stream(field("mixed"), 0.25)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 20 msg/s, p99 4.7 s (bench, 10 s: 1.5-1.9 % of 10,000 delivered, "
+    "8-11 msg/s)"))
+def test_20_percent_loss_keeps_95_percent_in_order_p99_1s() -> None:
+    assert_stream(field("loss20"), 1.0)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 2,964 of 7,000 dropped (dropped_no_ros) when the 2 s dead timer "
+    "fires, no ERROR to the client"))
+def test_3s_blackout_loses_nothing() -> None:
+    assert_nothing_lost(field("blackout3"))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 9,963 of 14,000 dropped (dropped_no_ros)"))
+def test_10s_blackout_loses_nothing() -> None:
+    assert_nothing_lost(field("blackout10"))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 152 of 320 dropped (dropped_no_ros)"))
+def test_4s_serial_unplug_loses_nothing() -> None:
+    assert_nothing_lost(field("pull4"))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 1,912 dropped (dropped_no_ros) while the link was down (bench: 418 "
+    "and 1,112 lost, 331 and 1,035 of them so)"))
+def test_companion_kill9_loses_nothing() -> None:
+    # duplicates are allowed (records written to DDS but not yet acknowledged), not losses
+    assert_nothing_lost(field("kill9"), duplicates_allowed=True)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 0 delivered, 0 % of the line (optimum 47 %)"))
+def test_ber_1e3_carries_30_percent_of_the_line() -> None:
+    r = field("ber1e-3")
+    assert r["payload_share"] >= 0.30, LF.fmt(r)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 20: 11.1 % of the line, 10 msg/s (optimum 80 %)"))
+def test_ber_1e4_carries_60_percent_of_the_line() -> None:
+    r = field("ber1e-4")
+    assert r["payload_share"] >= 0.60, LF.fmt(r)
+
+
+# -- what held before issue 20 and must keep holding --------------------------------------------------
+@pytest.mark.parametrize("name", ["dup5", "delay"])
+def test_duplication_or_in_order_delay_alone_hold(name: str) -> None:
+    # 5 % duplication, or 0-20 ms of delay that keeps the order: today every message arrives
+    # exactly once, in order (p99 195 / 88 ms in the bench; not asserted: the duplicates cost
+    # a few RTOs today, and a loaded machine moves a p99 near its bound)
+    r = field(name)
+    assert r["duplicates"] == 0 and r["out_of_order"] == 0, LF.fmt(r)
+    assert r["delivered"] >= 0.95 * r["offered"] and r["missing"] == 0, LF.fmt(r)
