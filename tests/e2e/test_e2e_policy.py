@@ -97,9 +97,14 @@ def test_throttle_holds_a_fast_topic_to_its_rate_newest_wins(pair: GatewayAndCom
         elapsed = time.monotonic() - t0
         assert c.wait(lambda: len(c.messages[2]) >= n, 20), len(c.messages[2])
         assert c.wait(lambda: c.messages[1] and string_data(c.messages[1][-1]) == str(n - 1), 5)
-        time.sleep(0.3)              # nothing more may come
-        got = [int(string_data(m)) for m in c.messages[1]]
-        everything = [int(string_data(m)) for m in c.messages[2]]
+        # nothing more of the burst may come: a marker written now arrives after anything the
+        # throttle or the link still held (in order, as the assertions below check)
+        fast.write(I.String(data=str(n)))
+        full.write(I.String(data=str(n)))
+        assert c.wait(lambda: string_data(c.messages[1][-1]) == str(n)
+                      and string_data(c.messages[2][-1]) == str(n), 10)
+        got = [int(string_data(m)) for m in c.messages[1]][:-1]
+        everything = [int(string_data(m)) for m in c.messages[2]][:-1]
         assert everything == list(range(n))       # the unthrottled topic: all, in order
         assert got == sorted(set(got))            # throttled: in order, no repeats
         assert got[-1] == n - 1                   # the burst's last one arrived (newest wins)
@@ -135,14 +140,14 @@ def test_the_issues_history_case_is_refused_and_memory_stays_flat(pair: GatewayA
         for _ in range(2000):        # 128 MiB the companion must not keep
             c.publish(1, body)
         c.sync(20)
-        time.sleep(1.0)
+        c.settle(2, "/hoard_mark")   # the companion has handled all that reached it
         after = rss(pid)
         print("companion RSS: %.1f MiB before, %.1f MiB after the refused depth-100000 "
               "registration and 2000 x 64 KiB PUBLISH (budget %d MiB)"
               % (before / 2**20, after / 2**20, HISTORY_BUDGET >> 20))
         assert after - before < 32 << 20, (before, after)
         codes = {code for code, _ in c.error_codes()}
-        assert codes == {"resource_exhausted", "unknown_id"}      # nothing was registered
+        assert codes == {"resource_exhausted", "unknown_id"}      # nothing but the marker
     finally:
         c.close()
 
@@ -167,8 +172,8 @@ def test_a_registration_within_budget_is_held_to_it_and_released(pair: GatewayAn
                 c.publish(1, body)
             sent += 20
             c.sync(20)
-            time.sleep(0.05)
-        time.sleep(1.0)
+            time.sleep(0.05)         # paced for the link (not a wait for anything)
+        c.settle(3, "/latched_big_mark")  # the companion has written every message into ROS
         peak = rss(pid)
         print("companion RSS: %.1f MiB before, %.1f MiB holding a depth-%d transient_local "
               "writer after %d x 64 KiB (budget %d MiB)"
@@ -195,9 +200,10 @@ def _registers(c: Client, qos: dict) -> bool:
     _next_id[0] += 1
     i = _next_id[0]
     c.advertise(i, "/after_%d" % i, "std_msgs/msg/String", qos)
-    c.sync(10)
-    time.sleep(0.3)                  # the companion's answer crosses the link after the PONG
-    c.sync(10)
+    # the companion's answer crosses the link after the gateway's PONG: its ERROR, or the
+    # publisher's subscriber count once it made it
+    assert c.wait(lambda: c.count_of(i) is not None or any(e[1] == i for e in c.error_codes()),
+                  10), "no answer for %d" % i
     return all(e[1] != i for e in c.error_codes())
 
 
@@ -212,7 +218,7 @@ def test_direct_mode_takes_deny_topics_as_a_ros_parameter() -> None:
             c.advertise(3, "/elsewhere", "std_msgs/msg/String", QOS_R)
             c.sync()
             assert c.wait(lambda: len(c.errors) >= 2, 5)
-            time.sleep(0.3)
+            c.settle(4, "/open/mark")  # the ROS side's answer to 2 came before the marker's
             assert sorted(c.error_codes()) == [("topic_denied", 1), ("topic_denied", 3)]
         finally:
             c.close()
