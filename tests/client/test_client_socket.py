@@ -180,7 +180,7 @@ def test_reconnect_after_silence(server):
         first = server.last
         for k in range(1, 5):                # a PING every 2 s, and nothing comes back
             clock.advance(c, 2.0)
-            assert server.wait(lambda: [n for n, _ in first.frames].count("PING") >= k, 5)
+            assert server.wait(lambda k=k: [n for n, _ in first.frames].count("PING") >= k, 5)
         assert c.connected and len(server.conns) == 1
         clock.advance(c, 2.0)                # 10 s without a byte: it gives up, and retries
         assert server.wait(lambda: c.stats["disconnects"] == 1, 5), c.stats
