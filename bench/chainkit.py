@@ -283,17 +283,11 @@ class Chain:
             self.gw = Proc([py, "ubrb_min.py", "--listen", "127.0.0.1:%d" % self.port,
                             "--link", gw_link, *serial, "--max-clients-per-address", "8",
                             *gateway_args])
-            wait_for(self._accepting, 20.0)
+            # it serves clients at once; the chain is ready once its link is up
+            self.gw.wait_line(r"ROS side up", 20.0)
         except BaseException:
             self.close()
             raise
-
-    def _accepting(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
 
     def close(self) -> str:
         """Stop everything; the gateway's output (its final counters included)."""
