@@ -283,11 +283,19 @@ class Chain:
             self.gw = Proc([py, "ubrb_min.py", "--listen", "127.0.0.1:%d" % self.port,
                             "--link", gw_link, *serial, "--max-clients-per-address", "8",
                             *gateway_args])
-            # it serves clients at once; the chain is ready once its link is up
+            wait_for(self._accepting, 20.0)
+            # it serves clients at once: the chain is ready once the gateway's link is up
             self.gw.wait_line(r"ROS side up", 20.0)
         except BaseException:
             self.close()
             raise
+
+    def _accepting(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
 
     def close(self) -> str:
         """Stop everything; the gateway's output (its final counters included)."""

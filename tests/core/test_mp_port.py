@@ -10,84 +10,15 @@ import ubrb_min as U
 import ubrb_setup
 import mp_fakes as F
 from scripted import ScriptedRos
+from tests.support.mp_rig import COMPANION, LK, ML, PORT, G, Rig, frames
 from tests.support.qos import QOS_BE, QOS_R
 from tests.support.ubrb_frames import advertise, hello, parse_frames, ping, publish, subscribe
-
-G, LK = F.load_port()
-ML = F.load_loop()
 
 MICROPYTHON_ONLY = {
     "test_launcher_lands_in_this_port_without_a_second_core",
     "test_client_relay_through_the_port_allocates_nothing",
     "test_link_relay_allocation_per_message",
 }
-
-COMPANION = ("10.0.0.2", 8269)
-PORT = 8268
-
-
-class Rig:
-    """A gateway built by the port's own start() on the fakes, plus the companion's link end."""
-
-    def __init__(self, link="udp://10.0.0.2:8269", ticks=0, companion=True, comp_key=None,
-                 **opts):
-        self.net = F.Net()
-        self.time = F.FakeTime(ticks)
-        self.machine = F.FakeMachine()
-        self.network = F.FakeNetwork(self.time)
-        self.io = ML.IO(self.net.socket, F.select_module(), self.time, self.machine, self.network,
-                       None)
-        self.logged = []
-        self.comp = (F.UdpCompanion(self.net, COMPANION, key=comp_key)
-                     if companion and link.startswith("udp") else None)
-        o = G.defaults()
-        o["listen"] = "0.0.0.0:%d" % PORT
-        o["link"] = link
-        o["insecure_link"] = 1  # the fake network's 10.0.0.2 is no loopback
-        for k in opts:
-            o[k] = opts[k]
-        self.opts = o
-        log = ML.Log("debug", self._log)
-        self.loop, self.gw, self.ros, self.drv = G.start(o, self.io, log)
-        self.loop.poll_ms = 0  # the clock is fake: never wait in poll()
-        if link.startswith("uart"):
-            self.comp = F.UartCompanion(self.machine.uarts[int(link.split(":")[1])], key=comp_key)
-
-    def _log(self, level, msg):
-        self.logged.append((level, msg))
-
-    def now(self):
-        return self.loop.clock.now
-
-    def step(self, ms=10):
-        self.time.advance(ms)
-        self.loop.step()
-        if self.comp is not None:
-            self.comp.pump(self.now())
-
-    def run(self, ms, dt=10):
-        for _ in range(ms // dt):
-            self.step(dt)
-
-    def up(self):
-        for _ in range(300):
-            if self.gw.ros_ready:
-                return
-            self.step()
-        raise AssertionError("link did not come up")
-
-    def connect(self, cap=8192):
-        c = self.net.connect(PORT, cap)
-        self.step()
-        return c
-
-    def server_conn(self, client):
-        return client.peer
-
-
-def frames(client):
-    return parse_frames(client.take())
-
 
 def ci_of(rig, client):
     for ci in range(len(rig.loop.socks)):

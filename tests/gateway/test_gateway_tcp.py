@@ -13,7 +13,6 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
 
 import pytest
 
@@ -21,36 +20,13 @@ import ubrb_min as U
 import ubrb_setup
 from ubrb_host.loop import GatewayServer
 from scripted import ScriptedRos, profile
+from tests.support.gateway_procs import RUNTIMES, start_gateway, stop_cleanly
 from tests.support.mp_unix import HEAP, MicroPythonGateway, deployed_layout, gateway_argv
 from tests.support.loopback_ports import free_port
 from tests.support.procs import ROOT, Proc
 from tests.support.qos import QOS_BE
 from tests.support.raw_client import RawClient
 from tests.support.ubrb_frames import advertise, hello, ping, publish, subscribe
-
-
-class GatewayProcess(Proc):
-    """`python ubrb_min.py ...`, started from another directory, on an ephemeral loopback port."""
-
-    def __init__(self, *args: str) -> None:
-        super().__init__([sys.executable, os.path.join(ROOT, "ubrb_min.py"),
-                          "--listen", "127.0.0.1:0", *args], cwd="/")
-        self.port = int(self.wait_line(r"listening on [\d.]+:(\d+)", 10).group(1))
-
-
-RUNTIMES = ["cpython", "micropython"]
-
-
-def start_gateway(runtime: str, *args: str) -> Proc:
-    """The gateway on `runtime`: CPython from the source tree, or the deployed MicroPython port."""
-    if runtime == "micropython":
-        return MicroPythonGateway(*args)
-    return GatewayProcess(*args)
-
-
-def stop_cleanly(g: Proc) -> Optional[int]:
-    """Ctrl-C (SIGINT): both ports close every socket, print their counters and exit 0."""
-    return g.stop(signal.SIGINT)
 
 
 @pytest.fixture(scope="module", params=RUNTIMES)
@@ -314,7 +290,6 @@ def test_sigint_stops_cleanly(runtime):
 
 def test_bad_profile_override_is_refused_at_start():
     import subprocess
-    import sys
 
     r = subprocess.run(
         [sys.executable, U.__file__, "--profile", "mcu", "--queue-bytes", "100", "--link", "none"],
@@ -379,7 +354,6 @@ def test_the_gateway_needs_only_the_standard_library():
     # `python -S`: no site-packages at all, as on a bare Pi. A UDP link starts; a serial link
     # says what it is missing instead of retrying forever.
     import subprocess
-    import sys
 
     g = subprocess.Popen(
         [sys.executable, "-S", U.__file__, "--listen", "127.0.0.1:0",
@@ -407,7 +381,6 @@ def test_the_gateway_needs_only_the_standard_library():
 
 def test_an_unknown_link_url_is_refused_at_start():
     import subprocess
-    import sys
 
     r = subprocess.run(
         [sys.executable, U.__file__, "--link", "tcp://127.0.0.1:1"],
