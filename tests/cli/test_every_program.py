@@ -70,8 +70,12 @@ def test_no_program_imports_from_tests() -> None:
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
             found += ["%s:%d %s" % (path, node.lineno, n) for n in names
                       if n == "tests" or n.startswith("tests.")]
     assert found == [], found
