@@ -943,6 +943,8 @@ class Gateway:
       wants_close(ci)             -> the port closes once the queue is flushed (or at once on error)
       closed(ci, reason)          -> the socket is gone; releases everything the client registered
       tick(now)                   -> timers; call at least every 100 ms
+      hold_for_ros(until)         -> once at start-up with a link: serve clients at once, hold
+                                     their reliable PUBLISHes until the ROS side is up or `until`
     """
 
     # ubrb_policy's Policy and Throttle, given by ubrb_setup.apply_policy when the flags ask for
