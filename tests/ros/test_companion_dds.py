@@ -298,13 +298,13 @@ def test_diagnostics_published(dds_backend, sink, dp):
         comp.poll(1000)                                       # once a second: only this one
         comp.gateway_stats({"clients": 3, "frames_in": 10})
         comp.poll(2000)                                       # the marker: its clients is 3
-        taken: list = []
+        taken = []
 
-        def clients_of(cdr: bytes) -> str:
+        def clients_of(cdr):
             m = STORE.deserialize_cdr(cdr, "diagnostic_msgs/msg/DiagnosticArray")
             return {kv.key: kv.value for kv in m.status[1].values}["clients"]
 
-        def marker_seen() -> bool:
+        def marker_seen():
             taken.extend(d for d, _ in (ddspy_take(r._ref, 0xFFFF, 10) or []))
             return any(clients_of(d) == "3" for d in taken)
         assert wait_for(marker_seen)
