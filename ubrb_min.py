@@ -943,6 +943,8 @@ class Gateway:
       wants_close(ci)             -> the port closes once the queue is flushed (or at once on error)
       closed(ci, reason)          -> the socket is gone; releases everything the client registered
       tick(now)                   -> timers; call at least every 100 ms
+      hold_for_ros(until)         -> once at start-up with a link: serve clients at once, hold
+                                     their reliable PUBLISHes until the ROS side is up or `until`
     """
 
     # ubrb_policy's Policy and Throttle, given by ubrb_setup.apply_policy when the flags ask for
@@ -980,6 +982,11 @@ class Gateway:
         self.n_blocked = 0  # clients holding a reliable PUBLISH that waits for room
         self.rr = 0  # the next waiting client to get a turn
         self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
+        # Start-up with a link expected (hold_for_ros): a reliable PUBLISH waits, held like one
+        # that waits for room, until the ROS side is up or until ros_hold_until (then dropped
+        # as at any time it is unreachable). The connection itself is served from its accept.
+        self.ros_hold = False
+        self.ros_hold_until = 0
         # counters, by the _GS_* indices of _GW_STATS' names (counters() reports them by name)
         self.stat_counts = [0] * _GS_N
 
@@ -989,6 +996,15 @@ class Gateway:
             self.log(level, msg)
 
     # -- port-facing -------------------------------------------------------------------------
+    def hold_for_ros(self, until):
+        """At start-up, with a link whose ROS side has not reported yet: clients are accepted
+        and answered at once, but their reliable PUBLISHes wait (backpressure: the socket is not
+        read meanwhile) until the ROS side is up or until `until` (ms). A client reconnecting
+        to a restarted gateway replays its queued reliable messages at once; they would be
+        dropped if they beat the link handshake."""
+        self.ros_hold = True
+        self.ros_hold_until = until
+
     def crowded(self, peer=None):
         """True when accept(now, peer) would refuse `peer` for want of room: no session free,
         or its address at max_clients_per_address. A port then first reaps its clients (reads
@@ -1166,6 +1182,8 @@ class Gateway:
         self.now = now
         if self.throttle is not None:
             self.throttle.release(self, now)
+        if self.ros_hold and (self.ros_ready or now - self.ros_hold_until >= 0):
+            self.ros_hold = False  # the held PUBLISHes go (or are dropped) in _resume below
         if self.n_blocked:
             self._resume(now)
         for c in self.clients:
@@ -1211,6 +1229,7 @@ class Gateway:
         32-bit MicroPython ints >= 2**30 are heap objects, so a long-running board's clock is
         kept small (ports/micropython: every 2**28 ms)."""
         self.now -= d
+        self.ros_hold_until -= d
         if self.throttle is not None:
             self.throttle.rebase(d)
         for c in self.clients:
@@ -1231,6 +1250,8 @@ class Gateway:
         t = 1000
         if self.throttle is not None:
             t = self.throttle.deadline(now)
+        if self.ros_hold:
+            t = min(t, self.ros_hold_until - now)
         for c in self.clients:
             if c.state == _S_OPEN:
                 t = min(t, c.accepted_ms + _HELLO_TIMEOUT_MS - now)
@@ -1296,6 +1317,8 @@ class Gateway:
                 self.ros.publish(slot, buf, off + 4, n - 4, rel)
                 self.publishing = -1
                 return False
+        if i >= 0 and self.ros_hold and not self.ros_ready and self.pubs.reliable[c.pub_slot[i]]:
+            return True  # start-up: the link is expected (hold_for_ros); tick() lets it go
         # refused or dropped below: never waits
         c.rx_frames += 1
         stats = self.stat_counts

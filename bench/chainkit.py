@@ -293,6 +293,8 @@ class Chain:
                             "--link", gw_link, *serial, "--max-clients-per-address", "8",
                             *gateway_args])
             wait_for(self._accepting, 20.0)
+            # it serves clients at once: the chain is ready once the gateway's link is up
+            self.gw.wait_line(r"ROS side up", 20.0)
         except BaseException:
             self.close()
             raise

@@ -333,7 +333,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     link = args.link
     if args.action == "check" and link == "none":
         # a UDP link as on a board, to a free loopback port nobody answers: the gateway starts
-        # and serves clients after its 2 s grace; no datagram goes to anyone else's companion
+        # and serves clients at once; no datagram goes to anyone else's companion
         link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
     try:
         options = gateway_options(link, flags)

@@ -205,10 +205,13 @@ def cmd_pub(args) -> int:
     msg = M.from_dict(store, typename, fields)
     cdr = M.encode(store, msg, typename)
     stop = _Stop()
-    c = _client(args, "ubrb_pub")
+    # watch_ros: HELLO again every ROS_CHECK_S, so a bridge whose ROS side is not there yet (a
+    # gateway just started: it answers at once, its link comes up within seconds) is asked again
+    c = _client(args, "ubrb_pub", watch_ros=True)
     pub = c.advertise(args.topic, typename, _qos(args, "reliable"))
     c.start()
     try:
+        t0 = time.monotonic()
         if not _connect(c, args, "pub", args.wait, stop.event):
             if stop.event.is_set():
                 return 130
@@ -216,6 +219,16 @@ def cmd_pub(args) -> int:
                   file=sys.stderr)
             return 1
         absent = _no_ros_side(c.server_info or {})
+        said = False
+        while absent and not stop.event.is_set() and time.monotonic() < t0 + args.wait:
+            if not said and time.monotonic() - t0 >= WAIT_SAY_S:
+                said = True
+                print(f"pub: the bridge at {args.server} {absent}: waiting for it (--wait "
+                      f"{args.wait:g} s)", file=sys.stderr, flush=True)
+            stop.event.wait(0.05)
+            absent = _no_ros_side(c.server_info or {})
+        if stop.event.is_set():
+            return 130
         if absent:
             print(f"pub: the bridge at {args.server} {absent}: nothing was published",
                   file=sys.stderr)
@@ -514,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--rate", type=_rate, default=0.0, help="Hz; 0 = once (default)")
     p.add_argument("-n", "--count", type=_count, default=0, help="stop after N messages")
     p.add_argument("--wait", type=host_cli.duration, default=10.0, metavar="S",
-                   help="max seconds to wait for the connection / final flush (default 10)")
+                   help="max seconds to wait for the connection and the bridge's ROS side / "
+                        "the final flush (default 10)")
     _add_qos(p, "reliable")
     p.set_defaults(func=cmd_pub)
 

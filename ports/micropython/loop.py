@@ -100,10 +100,11 @@ class GatewayLoop:
     """The poll loop: a listening socket, client sockets, and optionally a link driver."""
 
     def __init__(self, gw, listen, io, link=None, ros=None, clock=None, log=None,
-                 accept_grace_ms=core.LK_DEAD_MS + 4 * core.LK_HELLO_MS, stats_ms=STATS_MS,
+                 hold_for_ros_ms=core.LK_DEAD_MS + 4 * core.LK_HELLO_MS, stats_ms=STATS_MS,
                  backlog=2):
-        # accept_grace_ms: at start-up clients wait this long for the link (a restarted gateway's
-        # companion answers once its old session's dead timer ran out, then at its next HELLO)
+        # hold_for_ros_ms: at start-up clients' reliable PUBLISHes wait this long for the link
+        # (Gateway.hold_for_ros; a restarted gateway's companion answers once its old session's
+        # dead timer ran out, then at its next HELLO). The clients are served from the start.
         self.gw = gw
         self.link = link  # LinkDriver or None
         self.ros = ros  # LinkRosPort (send_stats) or None
@@ -139,8 +140,9 @@ class GatewayLoop:
         self.scratch = bytearray(64)  # where a refused connection's input is read and dropped
         self.running = True
         now = self.clock.ms()
-        self.accepting = False
-        self.accept_at = now + (accept_grace_ms if link is not None else 0)
+        self.poll.register(ls, self.POLLIN)  # HELLO deadlines run from the connect
+        if link is not None:
+            gw.hold_for_ros(now + hold_for_ros_ms)
         self.stats_ms = stats_ms
         self.stats_at = now + stats_ms
         self.poll_ms = _POLL_MS  # longest wait in poll(); tests on a fake clock set 0
@@ -199,9 +201,6 @@ class GatewayLoop:
         now = self.clock.ms()
         if now >= REBASE_AT:
             now = self.rebase(REBASE_STEP)
-        if not self.accepting and (gw.ros_ready or now - self.accept_at >= 0):
-            self.accepting = True
-            self.poll.register(self.lsock, self.POLLIN)
         timeout = gw.next_deadline(now)
         if timeout > self.poll_ms:
             timeout = self.poll_ms
@@ -308,7 +307,6 @@ class GatewayLoop:
         """Move the clock and every stored time `d` ms back, so times stay small ints (ints
         >= 2**30 are heap objects on 32-bit boards). Returns the new now."""
         self.clock.now -= d
-        self.accept_at -= d
         self.stats_at -= d
         self.faults.rebase(d)
         self.gw.rebase(d)
@@ -457,12 +455,10 @@ class GatewayLoop:
     def close(self):
         for ci in range(len(self.socks)):
             self._drop(ci, "gateway shutting down")
-        if self.accepting:
-            try:
-                self.poll.unregister(self.lsock)
-            except (OSError, KeyError, ValueError):
-                pass
-            self.accepting = False
+        try:
+            self.poll.unregister(self.lsock)
+        except (OSError, KeyError, ValueError):
+            pass
         try:
             self.lsock.close()
         except OSError:

@@ -58,3 +58,25 @@ def test_an_unknown_flag_is_one_line_and_exit_2(argv: List[str]) -> None:
     assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, r.stderr
     assert err.startswith(argv[0].split("/")[-1].split(".")[0]) or err.startswith(argv[0]), err
     assert not r.stdout, r.stdout   # nothing ran
+
+
+def test_no_program_imports_from_tests() -> None:
+    # bench/ and tools/ run without the test tree (a checkout for benchmarking, a board's
+    # deploy): what they share with the tests lives in bench/chainkit.py or tools/ (issue 22:
+    # bench/policy.py imported tests.e2e.helpers and tests.support)
+    import ast
+
+    found = []
+    for path in FILES:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            found += ["%s:%d %s" % (path, node.lineno, n) for n in names
+                      if n == "tests" or n.startswith("tests.")]
+    assert found == [], found

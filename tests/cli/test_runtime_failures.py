@@ -146,11 +146,36 @@ def gateway_without_ros() -> Iterator[int]:
 
 
 def test_pub_to_a_gateway_without_ros_side_exits_1(gateway_without_ros: int) -> None:
+    # --wait 1: it asks again for that long (a just-started gateway's link may come up), silently
     r = run(CLIENT + ["pub", "/chatter", STRING, "{data: hi}", "--server",
-                      "127.0.0.1:%d" % gateway_without_ros])
+                      "127.0.0.1:%d" % gateway_without_ros, "--wait", "1"])
     one_line(r, 1, "pub: the bridge at 127.0.0.1:%d has no ROS side" % gateway_without_ros,
              "nothing was published")
     assert "publishing #1" not in r.stdout
+
+
+def test_pub_to_a_gateway_just_started_waits_for_its_ros_side() -> None:
+    # Issue 22 item 19: a gateway answers HELLO at once, before its link is up (ros_ready
+    # false); pub asks again within --wait and publishes once the companion is there.
+    lport = free_port(socket.SOCK_DGRAM)
+    link = ["--link", "udp://127.0.0.1:%d" % lport]
+    g = Proc(GATEWAY + ["--listen", "127.0.0.1:0", "--profile", "mcu"] + link)
+    port = int(g.wait_line(r"listening on 127\.0\.0\.1:(\d+)", 20).group(1))
+    pub = Proc(CLIENT + ["pub", "/ubrb_pub_waits", STRING, "{data: late}", "--server",
+                         "127.0.0.1:%d" % port, "--wait", "30"])
+    comp = None
+    try:
+        pub.wait_line(r"^pub: the bridge at 127\.0\.0\.1:%d has no ROS side \(its companion is "
+                      r"not connected\): waiting for it \(--wait 30 s\)$" % port, 20)
+        comp = Proc(COMPANION + link + ["--backend", "dds", "--domain", str(DOMAIN),
+                                        "--no-diagnostics"])
+        assert pub.wait(40) == 0, pub.text()
+        assert "publishing #1: std_msgs/msg/String {'data': 'late'}" in pub.text(), pub.text()
+    finally:
+        pub.stop()
+        if comp is not None:
+            comp.stop()
+        g.stop()
 
 
 def test_echo_says_when_the_ros_side_is_missing_and_when_it_is_back() -> None:

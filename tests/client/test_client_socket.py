@@ -32,6 +32,21 @@ def make_client(server, **kw):
     return Client("127.0.0.1", server.port, name="test", **kw)
 
 
+class StepClock:
+    """The client's clock (Client(clock=...): its protocol is sans-IO): time moves only when
+    the test advances it, so a reconnect happens when the test says, not after a sleep."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, c: Client, dt: float) -> None:
+        self.t += dt
+        c._wake()                            # its loop recomputes its deadlines now
+
+
 def test_handshake_messages_subcount_errors(server):
     got, errs = [], []
     c = make_client(server, on_error=errs.append)
@@ -63,7 +78,8 @@ def test_handshake_messages_subcount_errors(server):
 
 
 def test_server_killed_and_restarted_mid_stream(server):
-    c = make_client(server)
+    clock = StepClock()
+    c = make_client(server, clock=clock, reconnect_interval=2.0)
     rel = c.advertise("/r", "std_msgs/msg/String")
     be = c.advertise("/b", "std_msgs/msg/String", "best_effort")
     c.subscribe("/s", "std_msgs/msg/String", lambda m: None)
@@ -82,10 +98,13 @@ def test_server_killed_and_restarted_mid_stream(server):
         for i in range(3, 6):
             assert rel.publish(cdr(i))       # queued while disconnected
         assert not be.publish(cdr(101))      # best-effort: dropped without a session
-        time.sleep(0.25)                     # a couple of refused reconnect attempts
-        assert c.stats["connect_failures"] >= 1
+        assert c.stats["connect_attempts"] == 1  # the next waits for the reconnect interval
+        clock.advance(c, 2.0)                # a refused reconnect attempt
+        assert server.wait(lambda: c.stats["connect_failures"] >= 1, 5), c.stats
+        assert c.stats["connect_attempts"] == 2
         server.port = port
         server.start()                       # bridge back on the same port
+        clock.advance(c, 2.0)
         assert c.wait_connected(3)
         assert c.sync(2)
         second = server.last
@@ -104,7 +123,8 @@ def test_server_killed_and_restarted_mid_stream(server):
 
 
 def test_streaming_through_a_kill_no_duplicates_in_order(server):
-    c = make_client(server)
+    clock = StepClock()
+    c = make_client(server, clock=clock, reconnect_interval=2.0)
     rel = c.advertise("/r", "std_msgs/msg/String")
     c.start()
     stop = threading.Event()
@@ -123,15 +143,18 @@ def test_streaming_through_a_kill_no_duplicates_in_order(server):
         t = threading.Thread(target=pump)
         t.start()
         assert server.wait(lambda: len(publishes(server.last.frames)) > 50)
+        first = server.last
         port = server.port
         server.stop()
         assert server.wait(lambda: not c.connected, 2)
         seen_down = len(published)
-        time.sleep(0.1)
+        assert server.wait(lambda: len(published) >= seen_down + 50, 5)  # queued while down
         server.port = port
         server.start()
+        clock.advance(c, 2.0)                # the reconnect is due
         assert c.wait_connected(3)
-        time.sleep(0.1)
+        assert server.wait(lambda: server.last is not first
+                           and len(publishes(server.last.frames)) > 50 + 50, 5)  # live again
         stop.set()
         t.join()
         assert c.sync(2)
@@ -148,14 +171,22 @@ def test_streaming_through_a_kill_no_duplicates_in_order(server):
 def test_reconnect_after_silence(server):
     server.auto_ack = False
     server.auto_pong = False                 # a bridge that says nothing
-    c = make_client(server, idle_timeout=0.4, ping_interval=0.1)
+    clock = StepClock()
+    c = make_client(server, idle_timeout=10.0, ping_interval=2.0, clock=clock)
     c.start()
     try:
         assert c.wait_connected(2)
-        assert server.wait(lambda: len(server.conns) >= 2, 3)
-        first = server.conns[0]
-        assert [n for n, _ in first.frames].count("PING") >= 2
-        assert c.stats["disconnects"] >= 1
+        assert server.wait(lambda: server.last is not None, 2)
+        first = server.last
+        for k in range(1, 5):                # a PING every 2 s, and nothing comes back
+            clock.advance(c, 2.0)
+            assert server.wait(lambda k=k: [n for n, _ in first.frames].count("PING") >= k, 5)
+        assert c.connected and len(server.conns) == 1
+        clock.advance(c, 2.0)                # 10 s without a byte: it gives up, and retries
+        assert server.wait(lambda: c.stats["disconnects"] == 1, 5), c.stats
+        assert c.proto.last_disconnect_reason == "idle timeout"
+        clock.advance(c, 0.1)                # the reconnect interval
+        assert server.wait(lambda: len(server.conns) == 2, 5)
     finally:
         c.close()
 
@@ -167,7 +198,8 @@ def test_close_stops_retrying(server):
     assert server.last is not None           # accepted
     c.close()
     n = len(server.conns)
-    time.sleep(0.3)
+    # close() ended the client's loop (the event: nothing is left that could reconnect)
+    assert c._thread is not None and not c._thread.is_alive()
     assert len(server.conns) == n and c.state == "closed"
 
 

@@ -2,7 +2,7 @@
 # one line), that event dropped, the client it came from closed, everyone else served. Runs on the
 # port's own fakes under CPython (pytest) and real MicroPython (tests/mp/run.mjs) alike.
 import ubrb_min as U
-from test_mp_port import Rig, frames
+from tests.support.mp_rig import Rig, frames
 from tests.support.qos import QOS_R
 from tests.support.ubrb_frames import advertise, hello, ping, publish
 

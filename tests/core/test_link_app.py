@@ -5,9 +5,7 @@ import ubrb_min as L
 import ubrb_policy
 from ros_side.link_end import LinkCompanionEnd
 from link_rig import Pair
-
-QOS_R = {"reliability": "reliable", "durability": "volatile", "depth": 10}
-QOS_BE = {"reliability": "best_effort", "durability": "volatile", "depth": 1}
+from tests.support.qos import QOS_BE, QOS_R
 
 
 class FakeGateway:

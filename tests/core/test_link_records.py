@@ -5,7 +5,8 @@
 import json
 
 import ubrb_min as L
-from test_link_app import QOS_R, setup
+from test_link_app import setup
+from tests.support.qos import QOS_R
 
 
 def up():

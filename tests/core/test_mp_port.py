@@ -10,84 +10,15 @@ import ubrb_min as U
 import ubrb_setup
 import mp_fakes as F
 from scripted import ScriptedRos
+from tests.support.mp_rig import COMPANION, LK, ML, PORT, G, Rig, frames
 from tests.support.qos import QOS_BE, QOS_R
 from tests.support.ubrb_frames import advertise, hello, parse_frames, ping, publish, subscribe
-
-G, LK = F.load_port()
-ML = F.load_loop()
 
 MICROPYTHON_ONLY = {
     "test_launcher_lands_in_this_port_without_a_second_core",
     "test_client_relay_through_the_port_allocates_nothing",
     "test_link_relay_allocation_per_message",
 }
-
-COMPANION = ("10.0.0.2", 8269)
-PORT = 8268
-
-
-class Rig:
-    """A gateway built by the port's own start() on the fakes, plus the companion's link end."""
-
-    def __init__(self, link="udp://10.0.0.2:8269", ticks=0, companion=True, comp_key=None,
-                 **opts):
-        self.net = F.Net()
-        self.time = F.FakeTime(ticks)
-        self.machine = F.FakeMachine()
-        self.network = F.FakeNetwork(self.time)
-        self.io = ML.IO(self.net.socket, F.select_module(), self.time, self.machine, self.network,
-                       None)
-        self.logged = []
-        self.comp = (F.UdpCompanion(self.net, COMPANION, key=comp_key)
-                     if companion and link.startswith("udp") else None)
-        o = G.defaults()
-        o["listen"] = "0.0.0.0:%d" % PORT
-        o["link"] = link
-        o["insecure_link"] = 1  # the fake network's 10.0.0.2 is no loopback
-        for k in opts:
-            o[k] = opts[k]
-        self.opts = o
-        log = ML.Log("debug", self._log)
-        self.loop, self.gw, self.ros, self.drv = G.start(o, self.io, log)
-        self.loop.poll_ms = 0  # the clock is fake: never wait in poll()
-        if link.startswith("uart"):
-            self.comp = F.UartCompanion(self.machine.uarts[int(link.split(":")[1])], key=comp_key)
-
-    def _log(self, level, msg):
-        self.logged.append((level, msg))
-
-    def now(self):
-        return self.loop.clock.now
-
-    def step(self, ms=10):
-        self.time.advance(ms)
-        self.loop.step()
-        if self.comp is not None:
-            self.comp.pump(self.now())
-
-    def run(self, ms, dt=10):
-        for _ in range(ms // dt):
-            self.step(dt)
-
-    def up(self):
-        for _ in range(300):
-            if self.gw.ros_ready and self.loop.accepting:
-                return
-            self.step()
-        raise AssertionError("link did not come up")
-
-    def connect(self, cap=8192):
-        c = self.net.connect(PORT, cap)
-        self.step()
-        return c
-
-    def server_conn(self, client):
-        return client.peer
-
-
-def frames(client):
-    return parse_frames(client.take())
-
 
 def ci_of(rig, client):
     for ci in range(len(rig.loop.socks)):
@@ -301,21 +232,45 @@ def test_startup_prints_the_budget_and_waits_for_the_link():
     assert "listening on 0.0.0.0:8268, link udp://10.0.0.2:8269" in text
     assert rig.loop.lsock.addr == ("0.0.0.0", PORT)
     assert rig.drv.t.sock.peer == COMPANION  # the UDP socket is connected to the companion
-    assert not rig.loop.accepting  # clients wait in the backlog until the link is up
     rig.up()
     assert rig.gw.ros_distro == "humble"
     assert rig.now() < 1000
 
 
-def test_clients_are_served_after_3_s_without_a_link():
-    # the grace is the link's dead timer + 4 HELLO intervals (a restarted gateway's companion
-    # answers once its old session has timed out), as in the CPython port
+def test_clients_are_served_at_once_and_their_reliable_data_waits_3_s_for_the_link():
+    # Issue 22 item 19: the connection is accepted and HELLO answered at once (its deadline runs
+    # from the connect); a reliable PUBLISH waits for the link for the link's dead timer + 4
+    # HELLO intervals (a restarted gateway's companion answers once its old session has timed
+    # out), as in the CPython port, then is dropped as at any time the link is down.
     rig = Rig(companion=False)
-    rig.run(2900)
-    assert not rig.loop.accepting
-    rig.run(200)
-    assert rig.loop.accepting and not rig.gw.ros_ready
+    c = rig.connect()
+    c.send(hello("ue") + advertise(1, "/chatter", "std_msgs/msg/String", QOS_R)
+           + publish(1, b"\x00\x01\x00\x00held") + ping())
+    rig.step()
+    got = frames(c)
+    assert [op for op, _ in got] == [U.OP_HELLO_ACK]  # the PING waits behind the held PUBLISH
+    assert json.loads(got[0][1])["ros_ready"] is False
+    rig.run(2800)
+    assert frames(c) == [] and rig.gw.counters()["dropped_no_ros"] == 0
+    rig.run(300)
+    assert [op for op, _ in frames(c)] == [U.OP_PONG]
+    assert rig.gw.counters()["dropped_no_ros"] == 1 and not rig.gw.ros_ready
     assert rig.drv.s.counters()["hello_tx"] >= 12  # HELLO every 250 ms from the injected clock
+
+
+def test_a_publish_held_at_start_up_reaches_the_companion_once_the_link_is_up():
+    rig = Rig()
+    c = rig.connect()
+    c.send(hello("ue") + advertise(1, "/chatter", "std_msgs/msg/String", QOS_R)
+           + publish(1, b"\x00\x01\x00\x00early"))
+    rig.step()
+    assert not rig.gw.ros_ready and [op for op, _ in frames(c)] == [U.OP_HELLO_ACK]
+    rig.up()
+    rig.run(100)
+    calls = [k for k in rig.comp.ros.calls if k[0] in ("advertise", "publish")]
+    assert calls == [("advertise", 0, "/chatter", "std_msgs/msg/String"),
+                     ("publish", 0, b"\x00\x01\x00\x00early", True)], calls
+    assert rig.gw.counters()["dropped_no_ros"] == 0
 
 
 def test_hello_advertise_publish_reach_the_companion():
@@ -980,7 +935,7 @@ def test_the_board_serves_with_only_the_modules_it_runs():
                 t.advance(10)
                 loop.step()
                 comp.pump(loop.clock.now)
-                if c is None and loop.accepting:
+                if c is None:
                     c = net.connect(PORT, 8192)
                     c.send(hello())
             assert c is not None and [op for op, _ in frames(c)][:1] == [U.OP_HELLO_ACK]

@@ -314,6 +314,18 @@ class Client(RawClient):
         with self.cv:
             return [(e["code"], e["id"]) for e in self.errors]
 
+    def settle(self, id_: int, topic: str, rtype: str = "std_msgs/msg/String",
+               timeout: float = 10.0) -> None:
+        """The event a negative check waits on (instead of a sleep): ADVERTISE a fresh publisher
+        `id_` on `topic` and wait for its first SUB_COUNT. The ROS side handles this client's
+        registrations and PUBLISHes in order and reports a publisher's count only once it has
+        created it, so every ERROR (or message) caused by what was sent before has arrived."""
+        self.advertise(id_, topic, rtype)
+        assert self.wait(lambda: self.count_of(id_) is not None
+                         or any(e["id"] == id_ for e in self.errors), timeout), \
+            "no SUB_COUNT for the marker %d on %s" % (id_, topic)
+        assert self.count_of(id_) is not None, self.errors
+
     def count_of(self, id_: int) -> Optional[int]:
         """The last SUB_COUNT reported for publisher id ``id_`` (None: not reported yet)."""
         with self.cv:

@@ -64,8 +64,8 @@ def test_companion_decided_errors(small: Any, connect: Any) -> None:
     assert c.wait(lambda: ("unknown_id", 1) in c.error_codes(), 5)
     n = len(c.errors)
     c.advertise(1, "/e2e_err_fine", S)
-    c.sync()
-    time.sleep(0.2)
+    # its subscriber count: the companion created it (an ERROR would have come first)
+    assert c.wait(lambda: c.count_of(1) is not None, 10), c.errors
     assert len(c.errors) == n and not c.closed
 
 
@@ -101,7 +101,9 @@ def test_gateway_decided_conflicts(small: Any, connect: Any) -> None:
     # the holder is unaffected, and a matching registration shares the slot
     b.advertise(7, "/e2e_conflict", S)
     b.sync()
-    time.sleep(0.2)
+    # markers: whatever the ROS side says about either client's registrations came before them
+    b.settle(8, "/e2e_conflict_mark_b")
+    a.settle(9, "/e2e_conflict_mark_a")
     assert len(b.errors) == 3 and a.error_codes() == [("qos_conflict", 6)]
 
 

@@ -238,8 +238,11 @@ def test_churn_with_huge_topic_names_cannot_cancel_another_clients_registration(
         live = 0
         for rnd in range(1, 11):
             victim.advertise(rnd, topic, "std_msgs/msg/String", qos)
-            time.sleep(0.2)
-            victim.sync()
+            # the ROS side's answer for this id: its subscriber count, or an ERROR (a stale
+            # answer to the attacker's registration on this slot would be one)
+            def answered(i: int = rnd) -> bool:
+                return victim.count_of(i) is not None or any(e["id"] == i for e in victim.errors)
+            assert victim.wait(answered, 20), (rnd, victim.errors)
             codes = [code for code, _ in victim.error_codes()]
             assert "invalid_topic" not in codes and "unknown_id" not in codes, victim.errors
             if ("link_congested", rnd) in victim.error_codes():

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import ubrb_min as U
-from tests.gateway.test_gateway_tcp import RUNTIMES, GatewayProcess, start_gateway
+from tests.support.gateway_procs import RUNTIMES, GatewayProcess, start_gateway
 from tests.support.procs import ROOT, Proc
 from tests.support.qos import QOS_R
 from tests.support.raw_client import RawClient

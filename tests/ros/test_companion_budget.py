@@ -5,7 +5,7 @@ through real processes: tests/e2e/test_e2e_policy.py."""
 from ros_side.__main__ import build_parser
 from ros_side.cli import make_companion, ros_params_as_flags
 from ros_side.companion import Companion, default_history_bytes
-from test_companion_unit import FakeBackend
+from tests.support.fake_backend import FakeBackend
 from tests.support.qos import QOS_R
 
 MSG = 1000          # the companion's largest message in these tests

@@ -224,10 +224,14 @@ def test_transient_local_late_joiner(comp, sink, dp):
     assert got and got[0].transforms[0].child_frame_id == "laser"
     assert got[0].transforms[0].transform.translation.x == 4.0
     # a volatile late reader does not get it (the durability is really transient_local's doing)
-    vol = DataReader(dp, Topic(dp, "rt/tf_static_t", I.TFMessage), qos=dqos(True, False, 1))
+    vol = DataReader(dp, Topic(dp, "rt/tf_static_t", I.TFMessage), qos=dqos(True, False, 10))
     assert wait_for(lambda: vol.get_subscription_matched_status().current_count == 1)
-    time.sleep(0.1)
-    assert vol.take(10) == []
+    # the event: a message published now reaches it (the union of the frames: laser, camera);
+    # the old one, laser alone, would have come first
+    data = ser(tf_msg("camera", 5.0), "tf2_msgs/msg/TFMessage")
+    comp.publish(5, data, 0, len(data), True)
+    got = wait_for(lambda: vol.take(10))
+    assert [sorted(t.child_frame_id for t in m.transforms) for m in got] == [["camera", "laser"]]
 
 
 def test_message_too_large_rate_limited(dds_backend, sink, dp):
@@ -291,10 +295,20 @@ def test_diagnostics_published(dds_backend, sink, dp):
         assert own["backend"] == "dds" and own["distro"] == "humble" and "queue_drops" in own
         comp.poll(500)
         comp.poll(999)
-        time.sleep(0.1)
-        assert ddspy_take(r._ref, 0xFFFF, 10) == []           # once a second
-        comp.poll(1000)
-        assert wait_for(lambda: ddspy_take(r._ref, 0xFFFF, 10))
+        comp.poll(1000)                                       # once a second: only this one
+        comp.gateway_stats({"clients": 3, "frames_in": 10})
+        comp.poll(2000)                                       # the marker: its clients is 3
+        taken = []
+
+        def clients_of(cdr):
+            m = STORE.deserialize_cdr(cdr, "diagnostic_msgs/msg/DiagnosticArray")
+            return {kv.key: kv.value for kv in m.status[1].values}["clients"]
+
+        def marker_seen():
+            taken.extend(d for d, _ in (ddspy_take(r._ref, 0xFFFF, 10) or []))
+            return any(clients_of(d) == "3" for d in taken)
+        assert wait_for(marker_seen)
+        assert [clients_of(d) for d in taken] == ["2", "3"]
         # a client cannot take /diagnostics with another type
         comp.advertise(1, "/diagnostics", "std_msgs/msg/String", QOS_R)
         assert sink.results()[-1] == ("pub", 1, "type_conflict")

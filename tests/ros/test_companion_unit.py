@@ -5,50 +5,8 @@ import threading
 
 from ros_side.companion import Companion
 from ros_side.errors import RosError
+from tests.support.fake_backend import FakeBackend
 from tests.support.qos import QOS_R
-
-
-
-class FakeBackend:
-    name = "fake"
-    distro = "humble"
-
-    def __init__(self):
-        self.created = []
-        self.destroyed = []
-        self.published = []
-        self.counts = {}
-        self.callbacks = {}
-        self.fail = None
-
-    def create_publisher(self, topic, ros_type, qos):
-        if self.fail:
-            raise self.fail
-        h = ("pub", topic, len(self.created))
-        self.created.append(h)
-        return h
-
-    def destroy_publisher(self, h):
-        self.destroyed.append(h)
-
-    def publish(self, h, data):
-        assert type(data) is bytes
-        self.published.append((h[1], data))
-
-    def subscription_count(self, h):
-        return self.counts.get(h[1], 0)
-
-    def create_subscription(self, topic, ros_type, qos, cb):
-        h = ("sub", topic, len(self.created))
-        self.created.append(h)
-        self.callbacks[topic] = cb
-        return h
-
-    def destroy_subscription(self, h):
-        self.destroyed.append(h)
-
-    def close(self):
-        pass
 
 
 def test_start_reports_up(sink):

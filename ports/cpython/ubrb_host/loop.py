@@ -16,11 +16,12 @@ import ubrb_min as core
 
 log = logging.getLogger("ubrb.gateway")
 
-# At start-up, how long clients may wait for the link before being served. Unkeyed, a companion
-# still UP with the previous gateway answers a restarted one only once that session has timed
-# out (LK_DEAD_MS after the old gateway went silent), at its next HELLO (LK_HELLO_MS later); the
-# rest is margin for the round trips and a loaded machine: 3 s.
-ACCEPT_GRACE_MS = core.LK_DEAD_MS + 4 * core.LK_HELLO_MS
+# At start-up, how long clients' reliable PUBLISHes may wait for the link (Gateway.hold_for_ros;
+# the clients themselves are served from the start). Unkeyed, a companion still UP with the
+# previous gateway answers a restarted one only once that session has timed out (LK_DEAD_MS
+# after the old gateway went silent), at its next HELLO (LK_HELLO_MS later); the rest is margin
+# for the round trips and a loaded machine: 3 s.
+HOLD_FOR_ROS_MS = core.LK_DEAD_MS + 4 * core.LK_HELLO_MS
 # Work per client per loop turn is bounded, so a flood from one client cannot delay the others,
 # the link or a SIGTERM: at most this many bytes read (then its frames handled) per turn.
 READ_BYTES_PER_TURN = 64 * 1024
@@ -72,7 +73,7 @@ class GatewayServer:
         gw: core.Gateway,
         listen: tuple[str, int],
         link: Any = None,
-        accept_grace_ms: int = ACCEPT_GRACE_MS,
+        hold_for_ros_ms: int = HOLD_FOR_ROS_MS,
     ) -> None:
         self.gw = gw
         self.link = link  # object with fileno(), on_readable(now), wants_write(), flush(now), tick(now)
@@ -83,12 +84,11 @@ class GatewayServer:
         self.lsock.listen(16)
         self.lsock.setblocking(False)
         self.address = self.lsock.getsockname()[:2]
-        # Connections are accepted once the ROS side is up, or after a grace period: a client
-        # that reconnects to a restarted gateway replays its queued reliable messages at once,
-        # and those would be dropped if they beat the link handshake. Until then the kernel's
-        # backlog holds the connections and their bytes.
-        self.accepting = False
-        self.accept_at = now_ms() + (accept_grace_ms if link is not None else 0)
+        # Clients are accepted from the start (their HELLO deadline runs from their connect);
+        # what must wait for the link is their reliable data, held by the core meanwhile.
+        self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
+        if link is not None:
+            gw.hold_for_ros(now_ms() + hold_for_ros_ms)
         self.socks: List[Optional[socket.socket]] = [None] * len(gw.clients)
         # The events each client's socket is registered for (0: not registered), kept here so
         # the per-turn sync costs no selector lookup: get_key() of an unregistered socket (a
@@ -114,9 +114,6 @@ class GatewayServer:
 
     def step(self) -> None:
         now = now_ms()
-        if not self.accepting and (self.gw.ros_ready or now >= self.accept_at):
-            self.accepting = True
-            self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))
         timeout = self.gw.next_deadline(now) / 1000.0
         timeout = min(timeout, 0.05)
         backlog = [ci for ci, s in enumerate(self.socks) if s is not None and self.gw.backlog(ci)]
@@ -336,8 +333,7 @@ class GatewayServer:
         for ci, s in enumerate(self.socks):
             if s is not None:
                 self._drop(ci, "gateway shutting down")
-        if self.accepting:
-            self.sel.unregister(self.lsock)
+        self.sel.unregister(self.lsock)
         self.lsock.close()
         if self.link is not None:
             self.link.close()
