@@ -3049,7 +3049,10 @@ class LinkRosPort:
         self.c_release_retry = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
         self.gens = {}            # slot*2 + is_sub -> live generation; negative until accepted
-        self.next_gen = 1
+        # The first one is this process's link epoch (random per gateway process): a restarted
+        # gateway's registrations never pass for an earlier one's, whose latched samples the
+        # companion keeps across its own restarts (ros_side/latched.py).
+        self.next_gen = (session.epoch & _LK_GEN_MAX) or 1
         self.unreleased = {}      # slot*2 + is_sub -> True: a release still owed (send failed)
         self._log = log
         self.ratelog = RateLog(self._logger)
