@@ -31,6 +31,20 @@ Errors the companion decides (the gateway could not know them)
     ``qos_incompatible`` (via ``ros_error``) the backend saw a ROS peer on the topic whose QoS
                        cannot match (e.g. a reliable subscription vs a best_effort publisher);
                        the message names the policy; at most once per slot per 5 s.
+    ``resource_exhausted`` (via ``ros_error``) a message would take what the DDS histories hold
+                       past ``max_history_bytes``; not written; at most once per topic per second.
+
+History budget
+    Counted as held, never reserved up front: a writer holds its last ``depth`` samples (their
+    sizes are kept; KEEP_LAST replaces the oldest), a reader ``depth`` x the largest sample it
+    delivered (what DDS keeps for it while it is paused); a reader that the budget cannot afford
+    is not paused any more.
+
+Latched samples across a restart (link mode)
+    With a ``LatchedStore`` (``latched.py``) the samples of every transient_local writer are
+    kept in a state file under the registration's identity (slot and the gateway's ``gen``, from
+    the sink's ``registration_gen``); a registration with the same identity after a restart gets
+    them published again at once.
 
 Several worlds, one ``/tf_static``
     The gateway shares one publisher slot per topic among its clients, so a transient_local

@@ -228,11 +228,11 @@ class LatchedStore:
                         "(it is replaced at the next write)", self.path, e)
             return
         for slot, gen, topic, ty, q, samples in got:
-            e = _Entry(slot, gen, topic, ty, q)
-            e.claimed = False
-            self.entries[slot] = e
+            ent = _Entry(slot, gen, topic, ty, q)
+            ent.claimed = False
+            self.entries[slot] = ent
             for d in samples:
-                self._append(e, d)
+                self._append(ent, d)
         self._trim()
         self.stats["latched_loaded"] = sum(len(e.samples) for e in self.entries.values())
         if self.entries:
