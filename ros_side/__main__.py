@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="link mode: where the companion keeps the transient_local samples it publishes, "
         "so that a restarted companion publishes them again when the gateway hands its "
-        "registrations over (default $XDG_STATE_HOME, else ~/.local/state, "
-        "/ubrb/ros_side-<link>.latched; 'none': keep nothing)",
+        "registrations over (default ros_side-<link>.latched in $STATE_DIRECTORY, else "
+        "$XDG_STATE_HOME/ubrb, else ~/.local/state/ubrb; 'none': keep nothing)",
     )
     m.add_argument(
         "--latched-max-bytes",

@@ -58,12 +58,15 @@ _GEN_MAX = 0x3FFFFFFF
 
 def default_path(link):
     """Where a companion on ``link`` keeps its latched samples: one file per link address (two
-    companions on one machine have two links), under ``$XDG_STATE_HOME`` (else
-    ``~/.local/state``)/ubrb."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                            ".local", "state")
+    companions on one machine have two links), in ``$STATE_DIRECTORY`` (systemd's
+    StateDirectory=, tools/systemd/ubrb-companion.service), else ``$XDG_STATE_HOME/ubrb``, else
+    ``~/.local/state/ubrb``."""
+    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if not base:
+        base = os.path.join(os.environ.get("XDG_STATE_HOME")
+                            or os.path.join(os.path.expanduser("~"), ".local", "state"), "ubrb")
     name = re.sub(r"[^A-Za-z0-9.-]+", "_", link).strip("_")
-    return os.path.join(base, "ubrb", "ros_side-%s.latched" % (name[:120] or "link"))
+    return os.path.join(base, "ros_side-%s.latched" % (name[:120] or "link"))
 
 
 class _Entry:

@@ -44,6 +44,7 @@ if str(CORE_TESTS) not in sys.path:
 # (ros_side/latched.py): a directory of this run, never the user's home.
 _STATE_DIR = tempfile.mkdtemp(prefix="ubrb-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_DIR
+os.environ.pop("STATE_DIRECTORY", None)     # systemd's, which would come first
 
 MICROPYTHON_ONLY_REASON = "MicroPython-only test (run under MicroPython by tests/mp/run.mjs)"
 HARD_KILL_GRACE_S = 30

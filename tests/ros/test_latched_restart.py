@@ -120,3 +120,51 @@ def test_latched_topics_survive_a_companion_kill(backend, tmp_path):
                                                        maps))
     assert got == [WANT]
     assert maps == ["map 2", "map 3", "map 4"]
+
+
+@pytest.mark.parametrize("backend", ["dds", "rclpy"])
+def test_the_board_gateway_keeps_nothing_and_the_late_node_gets_it(backend, tmp_path):
+    """The board case: the gateway is the deployed MicroPython port in the board's heap
+    (tests/support/mp_unix.py, 128 KiB); the copy lives with the companion, so the same holds."""
+    require_ros()
+    ensure_tf2_msgs()
+    import re
+    import socket
+
+    from tests.e2e.helpers import E2E_DOMAIN, Client, companion_argv
+    from tests.support.loopback_ports import free_port
+    from tests.support.mp_unix import MicroPythonGateway
+    from tests.support.procs import Proc
+    state = str(tmp_path)
+    env = ros_env(domain=E2E_DOMAIN, ROS_DISTRO="kilted", XDG_STATE_HOME=state)
+    url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+    argv = companion_argv(url, python=ROS_PYTHON if backend == "rclpy" else sys.executable,
+                          backend=backend)
+    comp = Proc(argv, env=env)
+    gw = c = None
+    try:
+        comp.wait_line(r"companion on link", 30)
+        gw = MicroPythonGateway("--link", url, env=env)
+        gw.wait_line(r"ROS side up", 15)
+        c = Client(gw.port, "world")
+        c.advertise(1, "/tf_static", TF, LATCHED)
+        c.publish(1, tf_cdr(WORLDS[0] + WORLDS[1]))
+        c.sync()
+        want = {"laser", "camera", "robot2/base_link"}
+        assert wait_for(lambda: frames_in(kept(state).get("/tf_static")) == want, 10), kept(state)
+        comp.kill()
+        gw.wait_line(r"ROS side unreachable", 10)
+        comp = Proc(argv, env=env)
+        comp.wait_line(r"companion on link", 30)
+        assert wait_for(lambda: len(re.findall(r"ROS side up", gw.text())) == 2, 20), gw.text()
+        assert c.wait(lambda: ("link_reset", None) in c.error_codes(), 10), c.errors
+        got = late_node_gets(env, "/tf_static")
+    finally:
+        if c is not None:
+            c.close()
+        if gw is not None:
+            gw.stop()
+        comp.stop()
+    print("%s backend, MicroPython gateway: after kill -9 of the companion a late rclpy node got "
+          "%s" % (backend, [sorted(g) for g in got]))
+    assert [set(g) for g in got] == [want]

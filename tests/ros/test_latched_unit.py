@@ -202,10 +202,14 @@ def test_the_tf_static_union_comes_back_whole(tmp_path):
 
 
 def test_default_path_one_file_per_link(monkeypatch, tmp_path):
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     a = default_path("udp://127.0.0.1:8269")
     assert a == str(tmp_path / "ubrb" / "ros_side-udp_127.0.0.1_8269.latched")
     assert default_path("serial:/dev/ttyACM0") != default_path("serial:/dev/ttyACM1")
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/ubrb-companion")   # systemd's
+    assert default_path("udp://0.0.0.0:8269") == \
+        "/var/lib/ubrb-companion/ros_side-udp_0.0.0.0_8269.latched"
 
 
 def test_a_restarted_gateways_generations_differ():
