@@ -36,9 +36,9 @@ Errors the companion decides (the gateway could not know them)
 
 History budget
     Counted as held, never reserved up front: a writer holds its last ``depth`` samples (their
-    sizes are kept; KEEP_LAST replaces the oldest), a reader ``depth`` x the largest sample it
-    delivered (what DDS keeps for it while it is paused); a reader that the budget cannot afford
-    is not paused any more.
+    sizes are kept; KEEP_LAST replaces the oldest), a reader the companion can pause ``depth`` x
+    the largest sample it delivered (what DDS keeps for it while it is paused); a reader that the
+    budget cannot afford is not paused any more. Other readers are taken from as samples arrive.
 
 Latched samples across a restart (link mode)
     With a ``LatchedStore`` (``latched.py``) the samples of every transient_local writer are
@@ -277,8 +277,8 @@ class Companion:
         self._check_topic = getattr(backend, "check_topic", None) or check_topic
         # What DDS holds for the gateway's registrations (KEEP_LAST: at most depth samples per
         # writer and reader), counted as it is held: a writer its last depth samples' sizes, a
-        # reader depth x the largest sample it delivered (what its history holds when the
-        # link makes it pause). A message that would take a writer past the budget is refused.
+        # pausable reader depth x the largest sample it delivered (what its history holds when
+        # the link makes it pause). A message that would take a writer past the budget is refused.
         self.history_limit = (default_history_bytes() if max_history_bytes is None
                               else int(max_history_bytes))
         self.history_used = 0
@@ -687,12 +687,16 @@ class Companion:
             self._publish_diagnostics()
 
     def _reader_grew(self, ent, n):
-        """A reader delivered its largest sample yet: a paused reader's history holds depth of
-        them. Past the budget it is no longer paused (its overflow is dropped and counted, as
-        for a best-effort reader), so DDS never holds more for it than the budget allows."""
+        """A reader delivered its largest sample yet. One the companion can pause (reliable,
+        a backend with resume_subscription) holds depth of them in DDS while paused: charged.
+        Past the budget it is no longer paused (its overflow is dropped and counted, as for a
+        best-effort reader), so DDS never holds more for it than the budget allows. Any other
+        reader is taken from as samples arrive: DDS holds nothing for it to charge."""
+        ent.largest = n
+        if not (ent.qos[0] and self._can_pause):
+            return
         charge = ent.qos[2] * n
         grow = charge - ent.history_charge
-        ent.largest = n
         if ent.pause_ok and self.history_used + grow > self.history_limit:
             ent.pause_ok = False
             _warn("history_reader", "%r: depth %d x %d bytes would take the DDS history past "

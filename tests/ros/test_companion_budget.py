@@ -12,8 +12,9 @@ MSG = 1000          # the companion's largest message in these tests
 
 
 def budget_companion(sink, limit):
-    return Companion(FakeBackend(), sink, max_message=MSG, diagnostics_period_ms=0,
-                     max_history_bytes=limit)
+    b = FakeBackend()
+    b.resume_subscription = lambda h: None    # readers can be paused, as the dds backend's
+    return Companion(b, sink, max_message=MSG, diagnostics_period_ms=0, max_history_bytes=limit)
 
 
 def cdr(n, tag=b"x"):
@@ -36,6 +37,10 @@ def test_the_budget_counts_what_the_histories_hold(sink):
     assert c.history_used == 9 * MSG + 100
     c.backend.callbacks["/b"](cdr(MSG // 2))  # a reader: depth x its largest sample so far
     c.poll(0)
+    assert c.history_used == 9 * MSG + 100 + MSG // 2
+    c.subscribe(2, "/be", "std_msgs/msg/String", {"reliability": "best_effort", "depth": 100})
+    c.backend.callbacks["/be"](cdr(MSG))      # never paused: taken at once, nothing held
+    c.poll(1)
     assert c.history_used == 9 * MSG + 100 + MSG // 2
     assert sink.of("error") == []
 
@@ -68,9 +73,8 @@ def test_a_message_past_the_budget_is_refused_naming_the_flag(sink):
 def test_a_reader_past_the_budget_is_not_paused(sink):
     """A paused reader's DDS history holds depth samples: beyond the budget the reader is not
     paused (its overflow is dropped, as a best-effort one's), so DDS holds no more for it."""
-    b = FakeBackend()
-    b.resume_subscription = lambda h: None
-    c = Companion(b, sink, max_message=MSG, diagnostics_period_ms=0, max_history_bytes=10 * MSG)
+    c = budget_companion(sink, 10 * MSG)
+    b = c.backend
     c.subscribe(1, "/small", "std_msgs/msg/String", dict(QOS_R, depth=5))
     c.subscribe(2, "/big", "std_msgs/msg/String", dict(QOS_R, depth=100))
     b.callbacks["/small"](cdr(MSG))
