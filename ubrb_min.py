@@ -1799,14 +1799,15 @@ _LK_GEN_MAX = const(0x3FFFFFFF)  # registration generations are 1 ... 2**30-1 (s
 LK_TEXT_MAX = const(1024)  # longest message / distro string taken from the peer
 # Every ERROR code the bridge sends (docs/PROTOCOL.md, "ERROR codes", has a row for each, and
 # tests/core/test_codec.py checks that the code, that table and the spec agree). The first six
-# may end a registration (a RESULT record from the companion), the three from the sixth on may
-# come in an ERROR record on a live slot; the companion's are checked against these slices.
+# may end a registration (a RESULT record from the companion), the four from the fifth on may
+# come in an ERROR record on a live slot (resource_exhausted: a message past the companion's
+# history budget); the companion's are checked against these slices.
 ERROR_CODES = ("unknown_type", "invalid_topic", "type_conflict", "qos_conflict",
                "resource_exhausted", "link_congested", "message_too_large", "qos_incompatible",
                "hello_required", "unsupported_protocol", "too_many_clients", "protocol_error",
                "unknown_id", "duplicate_id", "topic_denied", "link_reset")
 LK_RESULT_CODES = ERROR_CODES[0:6]
-LK_ERROR_CODES = ERROR_CODES[5:8]
+LK_ERROR_CODES = ERROR_CODES[4:8]
 
 
 def _lk_t8():
@@ -3277,7 +3278,10 @@ class LinkRosPort:
         self.c_release_retry = 0
         self._rep = {}            # slot -> last report (ms), rate limit 1/s
         self.gens = {}            # slot*2 + is_sub -> live generation; negative until accepted
-        self.next_gen = 1
+        # The first one is this process's link epoch (random per gateway process): a restarted
+        # gateway's registrations never pass for an earlier one's, whose latched samples the
+        # companion keeps across its own restarts (ros_side/latched.py).
+        self.next_gen = (session.epoch & _LK_GEN_MAX) or 1
         self.unreleased = {}      # slot*2 + is_sub -> True: a release still owed (send failed)
         self._log = log
         self.ratelog = RateLog(self._logger)

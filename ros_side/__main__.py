@@ -60,7 +60,8 @@ from ubrb_host import cli as host_cli  # noqa: E402
 from ubrb_host import link as host_link  # noqa: E402
 from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
 
-from .cli import add_arguments, make_companion, ros_params_as_flags, strip_ros_args  # noqa: E402
+from . import latched  # noqa: E402
+from .cli import _size, add_arguments, make_companion, ros_params_as_flags, strip_ros_args  # noqa: E402
 from .link_end import LinkCompanionEnd  # noqa: E402
 
 log = logging.getLogger("ros_side")
@@ -111,6 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="link mode: release every ROS entity of a gateway whose link has been down this "
         "long (default 30 s); a shorter outage keeps them, a resumed session restores them",
+    )
+    m.add_argument(
+        "--latched-state",
+        default=None,
+        metavar="FILE",
+        help="link mode: where the companion keeps the transient_local samples it publishes, "
+        "so that a restarted companion publishes them again when the gateway hands its "
+        "registrations over (default ros_side-<link>.latched in $STATE_DIRECTORY, else "
+        "$XDG_STATE_HOME/ubrb, else ~/.local/state/ubrb; 'none': keep nothing)",
+    )
+    m.add_argument(
+        "--latched-max-bytes",
+        type=_size,
+        default=latched.DEFAULT_MAX_BYTES,
+        metavar="N",
+        help="link mode: at most this many bytes of latched samples in --latched-state "
+        "(each topic its last depth samples; past it the oldest go; suffixes K, M, G; "
+        "default 64M)",
     )
     m.add_argument(
         "--listen",
@@ -212,7 +231,11 @@ def run_link(args: argparse.Namespace) -> int:
     max_message = min(args.max_message or core.LINK_MAX_MESSAGE, core.LINK_MAX_MESSAGE)
     # the key file is part of the command line: checked (one line, exit 2) before a backend starts
     link_secret = host_cli.link_key(args, log)
-    companion = make_companion(args, None, max_message)
+    store = None
+    if args.latched_state != "none":
+        store = latched.LatchedStore(args.latched_state or latched.default_path(args.link),
+                                     args.latched_max_bytes)
+    companion = make_companion(args, None, max_message, latched=store)
     running = [True]
 
     def stop(*_: Any) -> None:

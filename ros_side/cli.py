@@ -27,10 +27,10 @@ def add_arguments(parser):
     g.add_argument("--no-diagnostics", action="store_true",
                    help="do not publish /diagnostics")
     g.add_argument("--max-history-bytes", type=_size, default=None, metavar="N",
-                   help="what DDS writers and readers may hold for the gateway's topics: each "
-                        "topic reserves depth x the largest message (--max-message; direct "
-                        "mode --max-payload); a registration beyond it gets ERROR "
-                        "resource_exhausted (suffixes K, M, G; default half the physical memory)")
+                   help="what DDS writers and readers may hold for the gateway's topics, "
+                        "counted as held (a writer its last depth samples); a message beyond "
+                        "it is not written and gets ERROR resource_exhausted (suffixes K, M, G; "
+                        "default half the physical memory)")
     return parser
 
 

@@ -31,6 +31,20 @@ Errors the companion decides (the gateway could not know them)
     ``qos_incompatible`` (via ``ros_error``) the backend saw a ROS peer on the topic whose QoS
                        cannot match (e.g. a reliable subscription vs a best_effort publisher);
                        the message names the policy; at most once per slot per 5 s.
+    ``resource_exhausted`` (via ``ros_error``) a message would take what the DDS histories hold
+                       past ``max_history_bytes``; not written; at most once per topic per second.
+
+History budget
+    Counted as held, never reserved up front: a writer holds its last ``depth`` samples (their
+    sizes are kept; KEEP_LAST replaces the oldest), a reader the companion can pause ``depth`` x
+    the largest sample it delivered (what DDS keeps for it while it is paused); a reader that the
+    budget cannot afford is not paused any more. Other readers are taken from as samples arrive.
+
+Latched samples across a restart (link mode)
+    With a ``LatchedStore`` (``latched.py``) the samples of every transient_local writer are
+    kept in a state file under the registration's identity (slot and the gateway's ``gen``, from
+    the sink's ``registration_gen``); a registration with the same identity after a restart gets
+    them published again at once.
 
 Several worlds, one ``/tf_static``
     The gateway shares one publisher slot per topic among its clients, so a transient_local
@@ -207,7 +221,8 @@ class _Entity:
     __slots__ = ("kind", "topic", "type", "qos", "handle", "slots", "created",
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
                  "history_charge", "incompatible_seen", "incompatible_last",
-                 "incompatible_policy", "tf_union")
+                 "incompatible_policy", "tf_union", "sizes", "largest", "pause_ok",
+                 "refused_last")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -223,7 +238,13 @@ class _Entity:
         self.too_large_last = None  # now of the last report (loop thread)
         self.msgs = 0
         self.bytes = 0
-        self.history_charge = 0     # bytes of --max-history-bytes this entity reserves
+        self.history_charge = 0     # bytes of --max-history-bytes this entity holds
+        # what the DDS history can hold: a writer its last `depth` samples (their sizes, oldest
+        # first); a paused reader `depth` samples of the largest size it delivered so far
+        self.sizes = collections.deque() if kind == "pub" else None
+        self.largest = 0
+        self.pause_ok = True        # False: the budget cannot afford this reader's history
+        self.refused_last = None    # now of the last resource_exhausted report (writers)
         self.incompatible_seen = 0    # the backend's incompatible-QoS total already reported
         self.incompatible_last = None  # now of the last qos_incompatible report
         self.incompatible_policy = ""  # the policy the backend named last (for /diagnostics)
@@ -239,7 +260,7 @@ class Companion:
                  too_large_interval_ms=1000, incompatible_interval_ms=5000,
                  diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
-                 max_history_bytes=None):
+                 max_history_bytes=None, latched=None, history_interval_ms=1000):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -254,14 +275,18 @@ class Companion:
         self._diag_topic = diagnostics_topic
         self._hardware_id = hardware_id
         self._check_topic = getattr(backend, "check_topic", None) or check_topic
-        # What DDS may hold for the gateway's registrations: each writer and reader keeps up
-        # to depth samples, each at most max_message bytes (larger ones are refused before
-        # DDS sees them), so an entity reserves depth x max_message of this budget.
+        # What DDS holds for the gateway's registrations (KEEP_LAST: at most depth samples per
+        # writer and reader), counted as it is held: a writer its last depth samples' sizes, a
+        # pausable reader depth x the largest sample it delivered (what its history holds when
+        # the link makes it pause). A message that would take a writer past the budget is refused.
         self.history_limit = (default_history_bytes() if max_history_bytes is None
                               else int(max_history_bytes))
         self.history_used = 0
-        log.info("DDS history budget %s (--max-history-bytes): each topic reserves depth x "
-                 "the largest message", _mib(self.history_limit))
+        self._history_interval = int(history_interval_ms)
+        log.info("DDS history budget %s (--max-history-bytes): what the writers' and readers' "
+                 "histories hold", _mib(self.history_limit))
+        # transient_local samples kept across a companion restart (link mode): latched.py
+        self.latched = latched
 
         self._pub_slots = {}      # slot -> _Entity
         self._sub_slots = {}
@@ -298,7 +323,7 @@ class Companion:
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
-                             "reader_pauses", "qos_incompatible"))
+                             "reader_pauses", "qos_incompatible", "history_drops"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -318,6 +343,11 @@ class Companion:
         into diagnostics()."""
         self._group_stats.setdefault("gateway", {}).update(stats)
 
+    def gateway_up(self):
+        """Link mode: a link session came up (the gateway hands its registrations over now)."""
+        if self.latched is not None:
+            self.latched.gateway_up()
+
     def set_stats(self, group, stats):
         """Counters of another part (e.g. ``"link"``), merged into diagnostics() as ``group.key``."""
         self._group_stats[group] = dict(stats)
@@ -334,9 +364,16 @@ class Companion:
 
     def unadvertise(self, slot):
         self._release_slot("pub", slot)
+        self.forget_latched(slot)        # released by the gateway: its samples go too
 
     def unsubscribe(self, slot):
         self._release_slot("sub", slot)
+
+    def forget_latched(self, slot):
+        """Link mode: the gateway released publisher `slot`, which this companion does not hold
+        (it was restarted meanwhile): the samples kept for it must not come back."""
+        if self.latched is not None:
+            self.latched.drop(slot)
 
     def publish(self, slot, buf, off, n, reliable):
         ent = self._pub_slots.get(slot)
@@ -350,16 +387,46 @@ class Companion:
                 _warn("tf_union", "%r: not a %s, published as it is" % (ent.topic, TF_TYPE))
             else:
                 data = union
+        m = len(data)
+        sizes = ent.sizes
+        gone = sizes[0] if len(sizes) >= ent.qos[2] else 0  # KEEP_LAST: the oldest one goes
+        if m > gone and self.history_used + m - gone > self.history_limit:
+            self._refuse_history(slot, ent, m)
+            return
         try:
             self.backend.publish(ent.handle, data)
         except Exception as e:
             self.stats["pub_errors"] += 1
             _warn("publish", "publish on %r failed: %s" % (ent.topic, e))
             return
+        if len(sizes) >= ent.qos[2]:
+            sizes.popleft()
+        sizes.append(m)
+        ent.history_charge += m - gone
+        self.history_used += m - gone
+        if self.latched is not None and ent.qos[1]:
+            self.latched.record(slot, data)
         ent.msgs += 1
         ent.bytes += n
         self.stats["pub_msgs"] += 1
         self.stats["pub_bytes"] += n
+
+    def _refuse_history(self, slot, ent, m):
+        """A message that would take the held history past --max-history-bytes is not written:
+        ERROR resource_exhausted to the slot's clients, at most once per entity per second."""
+        self.stats["history_drops"] += 1
+        now = self._now if self._now is not None else int(time.monotonic() * 1000)
+        if ent.refused_last is not None and now - ent.refused_last < self._history_interval:
+            return
+        ent.refused_last = now
+        self.stats["errors_sent"] += 1
+        if self.sink is not None:
+            self.sink.ros_error("pub", slot, "resource_exhausted", (
+                "%s: a %d-byte message would take the DDS history the companion holds past its "
+                "budget (--max-history-bytes %d, %s in use, this topic's last %d samples %s): "
+                "dropped; lower the depth, or raise --max-history-bytes"
+                % (ent.topic, m, self.history_limit, _mib(self.history_used),
+                   len(ent.sizes), _mib(ent.history_charge))))
 
     def reset(self):
         """A gateway session ended for good: release every ROS object it made us create."""
@@ -378,9 +445,13 @@ class Companion:
         self._reported.clear()
         self._too_large_waiting.clear()
         self.stats["sessions_reset"] += 1
+        if self.latched is not None:
+            self.latched.unclaim()       # kept for the gateway's registrations coming back
 
     def close(self, close_backend=True):
         self.reset()
+        if self.latched is not None:
+            self.latched.close()
         if self._diag_handle is not None:
             try:
                 self.backend.destroy_publisher(self._diag_handle)
@@ -402,6 +473,8 @@ class Companion:
             self.stats["results_ok"] += 1
         else:
             self.stats["errors_sent"] += 1
+            if kind == "pub" and self.latched is not None:
+                self.latched.drop(slot)  # the gateway drops a refused registration
         if self.sink is not None:
             self.sink.ros_result(kind, slot, code, message)
 
@@ -430,11 +503,6 @@ class Companion:
             return
         ent = same_kind.get(topic)
         if ent is None:
-            charge = q[2] * self._max_message
-            refusal = self._history_refusal(topic, q[2], charge)
-            if refusal is not None:
-                self._result(kind, slot, "resource_exhausted", refusal)
-                return
             ent = _Entity(kind, topic, ros_type, q, None)
             try:
                 if kind == "pub":
@@ -452,24 +520,18 @@ class Companion:
             same_kind[topic] = ent
             if kind == "pub" and ros_type == TF_TYPE and q[1]:
                 ent.tf_union = TfUnion(self._max_message)
-            ent.history_charge = charge
-            self.history_used += charge
         ent.slots.add(slot)
         slots[slot] = ent
+        replay = ()
         if kind == "pub":
             self._reported.pop(slot, None)
             self._next_count = None  # look at counts on the next poll
+            gen = getattr(self.sink, "registration_gen", None)
+            if self.latched is not None and gen is not None:
+                replay = self.latched.claim(slot, gen("pub", slot), topic, ros_type, q)
         self._result(kind, slot, None, "")
-
-    def _history_refusal(self, topic, depth, charge):
-        """None if a new entity of `depth` fits the history budget, else the refusal's text."""
-        if self.history_used + charge <= self.history_limit:
-            return None
-        return ("%s: depth %d x %s per message = %s of DDS history exceeds the companion's "
-                "budget (--max-history-bytes %d, %s in use): lower the depth, or raise "
-                "--max-history-bytes, or lower --max-message"
-                % (topic, depth, _mib(self._max_message), _mib(charge), self.history_limit,
-                   _mib(self.history_used)))
+        for data in replay:          # the same registration before a restart: latched again
+            self.publish(slot, data, 0, len(data), True)
 
     def _check_conflicts(self, kind, topic, ros_type, q, same_kind, other_kind):
         ent = same_kind.get(topic)
@@ -528,7 +590,7 @@ class Companion:
         with self._qlock:
             # reliable readers that can pause and everything else have a bound each, so
             # reliable messages waiting for the link never crowd out best-effort ones
-            pausable = ent.qos[0] and self._can_pause
+            pausable = ent.qos[0] and self._can_pause and ent.pause_ok
             if pausable:
                 qn = self._q_rel + len(self._held) + self._inflight_rel
                 qb = self._q_rel_bytes + self._held_bytes + self._inflight_rel_bytes
@@ -602,6 +664,8 @@ class Companion:
                 held[0].append((ent, data))  # in order: the rest of this entity waits too
                 held[1].add(ent)
                 continue
+            if n > ent.largest:
+                self._reader_grew(ent, n)
             ent.msgs += 1
             ent.bytes += n
             self.stats["sub_msgs"] += 1
@@ -616,9 +680,32 @@ class Companion:
         if self._next_count is None or now >= self._next_count:
             self._next_count = now + self._count_interval
             self._poll_counts(now)
+        if self.latched is not None:
+            self.latched.tick(now)
         if self._diag_period and (self._next_diag is None or now >= self._next_diag):
             self._next_diag = now + int(self._diag_period)
             self._publish_diagnostics()
+
+    def _reader_grew(self, ent, n):
+        """A reader delivered its largest sample yet. One the companion can pause (reliable,
+        a backend with resume_subscription) holds depth of them in DDS while paused: charged.
+        Past the budget it is no longer paused (its overflow is dropped and counted, as for a
+        best-effort reader), so DDS never holds more for it than the budget allows. Any other
+        reader is taken from as samples arrive: DDS holds nothing for it to charge."""
+        ent.largest = n
+        if not (ent.qos[0] and self._can_pause):
+            return
+        charge = ent.qos[2] * n
+        grow = charge - ent.history_charge
+        if ent.pause_ok and self.history_used + grow > self.history_limit:
+            ent.pause_ok = False
+            _warn("history_reader", "%r: depth %d x %d bytes would take the DDS history past "
+                  "--max-history-bytes %d: this reader is no longer paused when the link is "
+                  "busy (messages beyond the hand-over queue are dropped)"
+                  % (ent.topic, ent.qos[2], n, self.history_limit))
+        if ent.pause_ok:
+            ent.history_charge = charge
+            self.history_used += grow
 
     def _requeue(self, held):
         """Keep reliable messages the link could not take for the next poll (they count against
@@ -730,6 +817,8 @@ class Companion:
         d["history_bytes_reserved"] = self.history_used
         d["history_bytes_limit"] = self.history_limit
         d.update(self.stats)
+        if self.latched is not None:
+            d.update(self.latched.counters())
         # Which of our publishers/subscriptions met a ROS peer whose QoS cannot match (issue 13:
         # /diagnostics lists them, beside the qos_incompatible ERROR the clients get).
         d["qos_incompatible_topics"] = ", ".join(

@@ -69,6 +69,9 @@ class LinkCompanionEnd:
             self.owed.clear()
             self.throttle.clear(self.s.now)
         self.had = True
+        f = getattr(self.companion, "gateway_up", None)
+        if f is not None:
+            f()                            # latched samples wait for their registrations
         f = getattr(self.companion, "set_max_message", None)
         if f is not None:
             f(self.s.max_send())           # the companion drops bigger ROS messages up front
@@ -166,6 +169,11 @@ class LinkCompanionEnd:
                     c.unsubscribe(slot)
                 else:
                     c.unadvertise(slot)
+            elif not sub:
+                # a release the gateway made while this (restarted) companion was away
+                f = getattr(c, "forget_latched", None)
+                if f is not None:
+                    f(slot)
         elif t == L.LK_T_STATS:
             d = L.link_record_json(buf, off, n)
             if d is None:
@@ -184,6 +192,11 @@ class LinkCompanionEnd:
         # drops the answer as late).
         r = self.regs.get(slot * 2 + (1 if kind == "sub" else 0))
         return r[3] if r is not None else 0
+
+    def registration_gen(self, kind, slot):
+        """The gateway's generation of the registration on `slot` (0: none): with the slot, the
+        identity under which the companion keeps a publisher's latched samples (latched.py)."""
+        return self._gen(kind, slot)
 
     # GatewaySink
     def room(self, n):

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import types
 from collections.abc import Generator, Iterable
@@ -37,6 +39,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 if str(CORE_TESTS) not in sys.path:
     sys.path.append(str(CORE_TESTS))
+
+# Companions the tests start keep their latched samples under $XDG_STATE_HOME
+# (ros_side/latched.py): a directory of this run, never the user's home.
+_STATE_DIR = tempfile.mkdtemp(prefix="ubrb-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_DIR
+os.environ.pop("STATE_DIRECTORY", None)     # systemd's, which would come first
 
 MICROPYTHON_ONLY_REASON = "MicroPython-only test (run under MicroPython by tests/mp/run.mjs)"
 HARD_KILL_GRACE_S = 30
@@ -69,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     global _real_stderr_fd
+    shutil.rmtree(_STATE_DIR, ignore_errors=True)
     if _real_stderr_fd is not None:
         os.close(_real_stderr_fd)
         _real_stderr_fd = None
