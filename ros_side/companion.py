@@ -19,7 +19,9 @@ Entities
     normally sends one slot per topic, so this only happens across sessions/resumes).
 
 Errors the companion decides (the gateway could not know them)
-    ``invalid_topic``  ROS 2 full-topic-name rules (``names.py``; the rclpy backend may override
+    ``invalid_topic``  the name, resolved as rcl resolves a node's (``names.Names``: relative and
+                       ``~`` names under the namespace, then remapped), breaks ROS 2's
+                       full-topic-name rules (``names.py``; the rclpy backend may override
                        with rclpy's own ``validate_full_topic_name``);
     ``unknown_type``   malformed type string, or a type the backend cannot load;
     ``type_conflict``  the topic is already published or subscribed here (by any slot of either
@@ -59,7 +61,7 @@ import time
 
 from . import diag
 from .errors import RosError
-from .names import check_topic, normalize_type
+from .names import Names, check_topic, normalize_type
 from .qos import check_qos, qos_dict
 
 log = logging.getLogger("ros_side.companion")
@@ -239,7 +241,7 @@ class Companion:
                  too_large_interval_ms=1000, incompatible_interval_ms=5000,
                  diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
-                 max_history_bytes=None):
+                 max_history_bytes=None, names=None):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -251,7 +253,11 @@ class Companion:
         self._too_large_interval = int(too_large_interval_ms)
         self._incompatible_interval = int(incompatible_interval_ms)
         self._diag_period = diagnostics_period_ms
-        self._diag_topic = diagnostics_topic
+        # names.Names: the node's name, namespace and remap rules; every topic a client names
+        # is resolved by it (relative ones under the namespace), /diagnostics too
+        self.names = names if names is not None else Names(getattr(backend, "node_name",
+                                                                   "ros_side"))
+        self._diag_topic = self.names.resolve(diagnostics_topic)
         self._hardware_id = hardware_id
         self._check_topic = getattr(backend, "check_topic", None) or check_topic
         # What DDS may hold for the gateway's registrations: each writer and reader keeps up
@@ -410,7 +416,7 @@ class Companion:
         same_kind = self._pubs if kind == "pub" else self._subs
         other_kind = self._subs if kind == "pub" else self._pubs
         try:
-            self._check_topic(topic)
+            topic = self._check_topic(self.names.resolve(topic))
             ros_type = normalize_type(type_string)
             q = check_qos(qos)
         except RosError as e:
@@ -749,12 +755,13 @@ class Companion:
         drops = d.get("queue_drops", 0) or d.get("too_large_drops", 0)
         qos = d.get("qos_incompatible_topics")
         what = "messages dropped" if drops else "QoS incompatible: " + qos[:200] if qos else "ok"
-        out = [(diag.WARN if drops or qos else diag.OK, "ros_side: companion", what,
+        fqn = self.names.fqn  # each companion by its node's name and namespace
+        out = [(diag.WARN if drops or qos else diag.OK, "%s: companion" % fqn, what,
                 self._hardware_id, own)]
         for group in self._group_stats:
             prefix = group + "."
             vals = [(k[len(prefix):], str(v)) for k, v in d.items() if k.startswith(prefix)]
-            out.append((diag.OK, "ros_side: %s" % group, "ok", self._hardware_id, vals))
+            out.append((diag.OK, "%s: %s" % (fqn, group), "ok", self._hardware_id, vals))
         return out
 
     def _publish_diagnostics(self):
