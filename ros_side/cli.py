@@ -196,12 +196,25 @@ def make_names(args):
 
 
 def hardware_id(args):
-    """/diagnostics' hardware_id: this companion's link, what tells two companions on one
-    machine apart (`udp://127.0.0.1:8269`, `serial:/dev/ttyACM0`; direct mode: `tcp://HOST:PORT`
-    it serves)."""
+    """/diagnostics' hardware_id until the link says more (link_peer): this companion's link
+    (`udp://0.0.0.0:8269`, `serial:/dev/ttyACM0`; direct mode: `tcp://HOST:PORT`, what it
+    serves), what tells two companions apart."""
     if getattr(args, "listen", None):
         return "tcp://%s" % args.listen
     return getattr(args, "link", None) or "ubrb"
+
+
+def link_peer(driver, url):
+    """hardware_id as a function of the link: its peer, the hardware at the other end -- a UDP
+    link's gateway address once it has spoken (`udp://192.168.1.20:40212`), else the link's own
+    URL (a serial device is the peer: `serial:/dev/ttyACM0`)."""
+    def peer():
+        addr = getattr(getattr(driver, "t", None), "peer", None)
+        if not addr:
+            return url
+        host, port = addr[0], addr[1]
+        return "udp://%s:%d" % ("[%s]" % host if ":" in host else host, port)
+    return peer
 
 
 def make_companion(args, sink=None, max_message=64 * 1024 * 1024, **kw):

@@ -258,7 +258,9 @@ class Companion:
         self.names = names if names is not None else Names(getattr(backend, "node_name",
                                                                    "ros_side"))
         self._diag_topic = self.names.resolve(diagnostics_topic)
-        self._hardware_id = hardware_id
+        # /diagnostics' hardware_id: a string, or a function giving it (the link's peer, which
+        # a UDP link learns once the gateway speaks: cli.link_peer)
+        self.hardware_id = hardware_id
         self._check_topic = getattr(backend, "check_topic", None) or check_topic
         # What DDS may hold for the gateway's registrations: each writer and reader keeps up
         # to depth samples, each at most max_message bytes (larger ones are refused before
@@ -756,12 +758,12 @@ class Companion:
         qos = d.get("qos_incompatible_topics")
         what = "messages dropped" if drops else "QoS incompatible: " + qos[:200] if qos else "ok"
         fqn = self.names.fqn  # each companion by its node's name and namespace
-        out = [(diag.WARN if drops or qos else diag.OK, "%s: companion" % fqn, what,
-                self._hardware_id, own)]
+        hw = self.hardware_id() if callable(self.hardware_id) else str(self.hardware_id)
+        out = [(diag.WARN if drops or qos else diag.OK, "%s: companion" % fqn, what, hw, own)]
         for group in self._group_stats:
             prefix = group + "."
             vals = [(k[len(prefix):], str(v)) for k, v in d.items() if k.startswith(prefix)]
-            out.append((diag.OK, "%s: %s" % (fqn, group), "ok", self._hardware_id, vals))
+            out.append((diag.OK, "%s: %s" % (fqn, group), "ok", hw, vals))
         return out
 
     def _publish_diagnostics(self):

@@ -81,6 +81,7 @@ def test_ros_args_namespace_and_remap_through_the_link(env, backend):
         k_clock = peer.endpoint("sub", "/clock_ns_test", STR, QOS)
         k_bare = peer.endpoint("sub", "/odom", STR, QOS)
         k_twice = peer.endpoint("sub", "/twice_remapped", STR, QOS)
+        k_diag = peer.endpoint("sub", "/diagnostics", DIAG, QOS)
         client = Client(bridge.port, "robot1")
         client.advertise(1, "/odom", STR, QOS)
         client.advertise(2, "scan", STR, QOS)
@@ -95,6 +96,11 @@ def test_ros_args_namespace_and_remap_through_the_link(env, backend):
         assert "/ros_side" not in graph["fqns"], graph["fqns"]
         for k_not in (k_bare, k_twice):   # nothing of ours on /odom itself, nor remapped twice
             assert peer.call("count", id=k_not)["count"] == 0
+        # /diagnostics: named by the node, its hardware_id the link's peer (the gateway's end)
+        gw_port = bridge.driver.t.sock.getsockname()[1]
+        want = ("/robot1/ros_side: companion", "udp://127.0.0.1:%d" % gw_port)
+        assert wait_for(lambda: want in diag_statuses(peer, k_diag), 10), \
+            (want, diag_statuses(peer, k_diag))
     finally:
         if client is not None:
             client.close()
@@ -103,6 +109,12 @@ def test_ros_args_namespace_and_remap_through_the_link(env, backend):
     assert texts(peer, k_bare) == [] and texts(peer, k_twice) == []
     print("%s backend, --ros-args __ns + remap: node %s; /odom -> /robot1/odom, scan -> "
           "/robot1/scan, /clock_ns_test stays" % (backend, "/robot1/ros_side"))
+
+
+def diag_statuses(peer, k):
+    """(name, hardware_id) of every DiagnosticStatus the peer's /diagnostics endpoint got."""
+    return {(st.name, st.hardware_id) for data in peer.received(k)
+            for st in STORE.deserialize_cdr(data, DIAG).status}
 
 
 def start_robot(backend, env, *args):
@@ -144,9 +156,7 @@ def test_two_robots_on_one_domain(env, backend):
         seen = {}
 
         def both_reported():
-            for data in peer.received(k_diag):
-                for st in STORE.deserialize_cdr(data, DIAG).status:
-                    seen[st.name] = st.hardware_id
+            seen.update(diag_statuses(peer, k_diag))
             return {"/robot1/ros_side: companion", "/robot2/ros_side: companion"} <= set(seen)
         assert wait_for(both_reported, 10), sorted(seen)
         fqns = peer.call("graph", topic="/robot1/odom")["fqns"]
