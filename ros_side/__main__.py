@@ -180,6 +180,7 @@ def run_direct(args: argparse.Namespace) -> int:
         except OSError as e:
             raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
         host_cli.stop_on_signals(server.stop)
+        companion.hardware_id = "tcp://%s:%d" % tuple(server.address[:2])  # port 0: the real one
     except BaseException:
         companion.close()
         raise

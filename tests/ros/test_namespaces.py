@@ -19,7 +19,6 @@ from rosbags.typesys import Stores, get_typestore
 
 from ros_helpers import wait_for
 from tests.e2e.helpers import E2E_DOMAIN, Client, LinkBridge, e2e_proc
-from tests.support.loopback_ports import free_port
 from tests.support.ros_procs import ROS_PYTHON, Peer, require_ros, ros_env
 
 STORE = get_typestore(Stores.ROS2_KILTED)
@@ -118,16 +117,15 @@ def diag_statuses(peer, k):
 
 
 def start_robot(backend, env, *args):
-    """A companion in direct mode on a port of its own: (process, port)."""
-    port = free_port()
+    """A companion in direct mode on a free port (--listen 127.0.0.1:0): (process, port)."""
     proc = e2e_proc([python_of(backend), "-m", "ros_side", "--backend", backend,
-                     "--domain", str(E2E_DOMAIN), "--listen", "127.0.0.1:%d" % port, *args], env)
+                     "--domain", str(E2E_DOMAIN), "--listen", "127.0.0.1:0", *args], env)
     try:
-        proc.wait_line(r"direct mode: UBRB bridge on", timeout=30)
+        m = proc.wait_line(r"direct mode: UBRB bridge on [\d.]+:(\d+)", timeout=30)
     except BaseException:
         proc.stop()
         raise
-    return proc, port
+    return proc, int(m.group(1))
 
 
 @pytest.mark.parametrize("backend", ["dds", "rclpy"])
