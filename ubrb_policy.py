@@ -165,6 +165,11 @@ class Policy:
 
     def topic_refusal(self, topic):
         """None if clients may register `topic`, else the ERROR topic_denied message."""
+        if (self.deny_topics or self.allow_topics) and topic[:1] != "/":
+            # the companion resolves a relative or private name (odom, ~/x) under its own
+            # namespace: checked here against absolute globs, `secret` would slip past /secret
+            return "%s is not absolute: with --allow-topics/--deny-topics give the full name" % (
+                topic)
         for g in self.deny_topics:
             if glob_match(g, topic):
                 return "%s is denied by --deny-topics %s" % (topic, g)

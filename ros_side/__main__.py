@@ -61,7 +61,8 @@ from ubrb_host import link as host_link  # noqa: E402
 from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
 
 from . import latched  # noqa: E402
-from .cli import _size, add_arguments, make_companion, ros_params_as_flags, strip_ros_args  # noqa: E402
+from .cli import (_size, add_arguments, link_peer, make_companion,  # noqa: E402
+                  ros_params_as_flags, strip_ros_args)
 from .link_end import LinkCompanionEnd  # noqa: E402
 
 log = logging.getLogger("ros_side")
@@ -198,6 +199,7 @@ def run_direct(args: argparse.Namespace) -> int:
         except OSError as e:
             raise host_cli.Fatal(f"cannot listen on {args.listen}: {host_cli.os_problem(e)}")
         host_cli.stop_on_signals(server.stop)
+        companion.hardware_id = "tcp://%s:%d" % tuple(server.address[:2])  # port 0: the real one
     except BaseException:
         companion.close()
         raise
@@ -254,6 +256,7 @@ def run_link(args: argparse.Namespace) -> int:
         except (OSError, RuntimeError, ValueError) as e:
             raise host_cli.Fatal(f"cannot open link {args.link}: {host_cli.os_problem(e)}")
         companion.sink = end
+        companion.hardware_id = link_peer(driver, args.link)  # /diagnostics: the gateway's address
         host_cli.stop_on_signals(stop)
     except BaseException:
         companion.close()

@@ -19,7 +19,9 @@ Entities
     normally sends one slot per topic, so this only happens across sessions/resumes).
 
 Errors the companion decides (the gateway could not know them)
-    ``invalid_topic``  ROS 2 full-topic-name rules (``names.py``; the rclpy backend may override
+    ``invalid_topic``  the name, resolved as rcl resolves a node's (``names.Names``: relative and
+                       ``~`` names under the namespace, then remapped), breaks ROS 2's
+                       full-topic-name rules (``names.py``; the rclpy backend may override
                        with rclpy's own ``validate_full_topic_name``);
     ``unknown_type``   malformed type string, or a type the backend cannot load;
     ``type_conflict``  the topic is already published or subscribed here (by any slot of either
@@ -73,7 +75,7 @@ import time
 
 from . import diag
 from .errors import RosError
-from .names import check_topic, normalize_type
+from .names import Names, check_topic, normalize_type
 from .qos import check_qos, qos_dict
 
 log = logging.getLogger("ros_side.companion")
@@ -260,7 +262,7 @@ class Companion:
                  too_large_interval_ms=1000, incompatible_interval_ms=5000,
                  diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
-                 max_history_bytes=None, latched=None, history_interval_ms=1000):
+                 max_history_bytes=None, latched=None, history_interval_ms=1000, names=None):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -272,8 +274,14 @@ class Companion:
         self._too_large_interval = int(too_large_interval_ms)
         self._incompatible_interval = int(incompatible_interval_ms)
         self._diag_period = diagnostics_period_ms
-        self._diag_topic = diagnostics_topic
-        self._hardware_id = hardware_id
+        # names.Names: the node's name, namespace and remap rules; every topic a client names
+        # is resolved by it (relative ones under the namespace), /diagnostics too
+        self.names = names if names is not None else Names(getattr(backend, "node_name",
+                                                                   "ros_side"))
+        self._diag_topic = self.names.resolve(diagnostics_topic)
+        # /diagnostics' hardware_id: a string, or a function giving it (the link's peer, which
+        # a UDP link learns once the gateway speaks: cli.link_peer)
+        self.hardware_id = hardware_id
         self._check_topic = getattr(backend, "check_topic", None) or check_topic
         # What DDS holds for the gateway's registrations (KEEP_LAST: at most depth samples per
         # writer and reader), counted as it is held: a writer its last depth samples' sizes, a
@@ -483,7 +491,7 @@ class Companion:
         same_kind = self._pubs if kind == "pub" else self._subs
         other_kind = self._subs if kind == "pub" else self._pubs
         try:
-            self._check_topic(topic)
+            topic = self._check_topic(self.names.resolve(topic))
             ros_type = normalize_type(type_string)
             q = check_qos(qos)
         except RosError as e:
@@ -838,12 +846,13 @@ class Companion:
         drops = d.get("queue_drops", 0) or d.get("too_large_drops", 0)
         qos = d.get("qos_incompatible_topics")
         what = "messages dropped" if drops else "QoS incompatible: " + qos[:200] if qos else "ok"
-        out = [(diag.WARN if drops or qos else diag.OK, "ros_side: companion", what,
-                self._hardware_id, own)]
+        fqn = self.names.fqn  # each companion by its node's name and namespace
+        hw = self.hardware_id() if callable(self.hardware_id) else str(self.hardware_id)
+        out = [(diag.WARN if drops or qos else diag.OK, "%s: companion" % fqn, what, hw, own)]
         for group in self._group_stats:
             prefix = group + "."
             vals = [(k[len(prefix):], str(v)) for k, v in d.items() if k.startswith(prefix)]
-            out.append((diag.OK, "ros_side: %s" % group, "ok", self._hardware_id, vals))
+            out.append((diag.OK, "%s: %s" % (fqn, group), "ok", hw, vals))
         return out
 
     def _publish_diagnostics(self):

@@ -42,3 +42,31 @@ def qos_dict(norm):
     return {"reliability": "reliable" if reliable else "best_effort",
             "durability": "transient_local" if transient_local else "volatile",
             "depth": depth}
+
+
+# rclpy.qos.QoSPolicyKind, by value (rmw_qos_policy_kind_t): the names `ros2 topic info -v`,
+# rclpy's QoS warnings and a ROS user's code use.
+ROS_POLICY_NAMES = ("INVALID", "DURABILITY", "DEADLINE", "LIVELINESS", "RELIABILITY", "HISTORY",
+                    "LIFESPAN", "DEPTH", "LIVELINESS_LEASE_DURATION",
+                    "AVOID_ROS_NAMESPACE_CONVENTIONS")
+_RMW_PREFIX = "RMW_QOS_POLICY_"
+
+
+def policy_name(kind):
+    """One vocabulary for the policy a ``qos_incompatible`` names, on every backend: rclpy's
+    QoSPolicyKind names ("RELIABILITY", "DURABILITY", ...). ``kind``: an rmw policy kind (an int,
+    or rclpy's event status value, whose own name is "RMW_QOS_POLICY_RELIABILITY") or a name
+    already (DDS policy names that ROS has are spelled the same; the others, e.g.
+    DATA_REPRESENTATION, stay DDS's, as ROS has no name for them)."""
+    if not isinstance(kind, str):
+        try:
+            value = int(kind)
+        except (TypeError, ValueError):
+            value = None
+        if value is not None and 0 <= value < len(ROS_POLICY_NAMES):
+            return ROS_POLICY_NAMES[value]
+        kind = getattr(kind, "name", str(kind))
+    kind = str(kind)
+    if kind.startswith(_RMW_PREFIX):
+        kind = kind[len(_RMW_PREFIX):]
+    return kind

@@ -101,6 +101,15 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TWIST = struct.Struct("<4s6d")  # CDR: encapsulation header, then six float64 (no padding)
 
 
+def _status_key(name: str) -> str:
+    """'/robot1/ros_side: link' -> 'ros_side: link': the companion names its statuses by its
+    node's fully qualified name (docs/COMPANION.md, "Diagnostics"); here they go by source."""
+    node, sep, source = name.rpartition(": ")
+    if sep and node.startswith("/") and source in ("companion", "gateway", "link"):
+        return "ros_side: " + source
+    return name
+
+
 def twist_cdr(vx: float, wz: float) -> bytes:
     return _TWIST.pack(b"\x00\x01\x00\x00", vx, 0.0, 0.0, 0.0, 0.0, wz)
 
@@ -361,7 +370,7 @@ class Observer:
         if raw is None or when is None:
             return {}, None
         m = self.store.deserialize_cdr(raw, "diagnostic_msgs/msg/DiagnosticArray")
-        out = {s.name: {kv.key: kv.value for kv in s.values} for s in m.status}
+        out = {_status_key(s.name): {kv.key: kv.value for kv in s.values} for s in m.status}
         return out, time.monotonic() - when
 
     def drops(self) -> Tuple[Dict[str, Optional[Dict[str, int]]], Optional[float], Dict[str, str]]:

@@ -31,7 +31,8 @@ def default_distro(distro=None, env=None):
     return distro or env.get("ROS_DISTRO", "").strip() or "humble"
 
 
-def make_backend(kind="auto", domain=None, distro=None, msg_paths=(), node_name="ros_side"):
+def make_backend(kind="auto", domain=None, distro=None, msg_paths=(), node_name="ros_side",
+                 node_namespace="/"):
     """``auto``: rclpy if it can run here, else dds (saying why in one log line). Imports lazily
     so neither backend is required."""
     why = None
@@ -40,11 +41,11 @@ def make_backend(kind="auto", domain=None, distro=None, msg_paths=(), node_name=
         kind = "rclpy" if why is None else "dds"
     if kind == "rclpy":
         from .rclpy_backend import RclpyBackend
-        return RclpyBackend(node_name=node_name, domain=domain)
+        return RclpyBackend(node_name=node_name, domain=domain, node_namespace=node_namespace)
     if kind == "dds":
         from .dds import DdsBackend
         backend = DdsBackend(domain=domain, distro=default_distro(distro), msg_paths=msg_paths,
-                             node_name=node_name)
+                             node_name=node_name, node_namespace=node_namespace)
         if why is not None:  # said once the fallback works: a dds backend that cannot start
             log.info("backend auto: dds (rclpy not usable: %s)", why)  # says so in one line
         return backend

@@ -200,7 +200,8 @@ def make_qos(qos, writer, type_hash=None):
     return Qos(*pols)
 
 
-# DDS 1.4 QoS policy ids (what Cyclone's incompatible-QoS statuses report)
+# DDS 1.4 QoS policy ids (what Cyclone's incompatible-QoS statuses report), by DDS's names: the
+# ones ROS has are rclpy's QoSPolicyKind names too (qos.policy_name, one vocabulary)
 _POLICIES = {1: "USER_DATA", 2: "DURABILITY", 3: "PRESENTATION", 4: "DEADLINE",
              5: "LATENCY_BUDGET", 6: "OWNERSHIP", 8: "LIVELINESS", 11: "RELIABILITY",
              12: "DESTINATION_ORDER", 13: "HISTORY", 23: "DATA_REPRESENTATION"}

@@ -29,7 +29,7 @@ import re
 import threading
 
 from ..errors import RosError
-from ..qos import normalize_qos
+from ..qos import normalize_qos, policy_name
 
 _TIMEOUT = 10.0
 
@@ -138,16 +138,16 @@ def _event_callbacks():
 
 
 def _on_incompatible(handle):
-    def record(status):
-        policy = getattr(status.last_policy_kind, "name", str(status.last_policy_kind))
-        handle.incompatible = (status.total_count, policy)
+    def record(status):  # the rmw kind's own name is "RMW_QOS_POLICY_RELIABILITY": say RELIABILITY
+        handle.incompatible = (status.total_count, policy_name(status.last_policy_kind))
     return record
 
 
 class RclpyBackend:
     name = "rclpy"
 
-    def __init__(self, node_name="ros_side", domain=None, context=None, args=None):
+    def __init__(self, node_name="ros_side", domain=None, context=None, args=None,
+                 node_namespace="/"):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -164,13 +164,18 @@ class RclpyBackend:
         self._PubEvents, self._SubEvents = _event_callbacks()
         self.distro = installed_distro(rclpy_file=getattr(rclpy, "__file__", None))
         self._owns_init = False
+        # rcl sees no command line of ours (args=[], not sys.argv) and the node ignores the
+        # context's arguments: ros_side resolves and remaps every name itself (names.Names, the
+        # same on both backends) and hands rclpy absolute names, which rcl would otherwise
+        # remap a second time. The node's own name and namespace are what Names settled on.
         if context is None and not rclpy.ok():
             if domain is None:
-                rclpy.init(args=args)
+                rclpy.init(args=args or [])
             else:
-                rclpy.init(args=args, domain_id=int(domain))
+                rclpy.init(args=args or [], domain_id=int(domain))
             self._owns_init = True
-        self.node = rclpy.create_node(node_name)
+        self.node = rclpy.create_node(node_name, namespace=node_namespace,
+                                      use_global_arguments=False)
         self._executor = SingleThreadedExecutor()
         self._executor.add_node(self.node)
         self._work = queue.Queue()

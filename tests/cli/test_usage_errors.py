@@ -67,6 +67,33 @@ CASES = [
     (OBSERVER + ["echo", "--domain", "233"], {}, ["--domain: DDS domain must be 0-232"]),
     (OBSERVER + ["watch"], {"ROS_DOMAIN_ID": "x"}, ["ROS_DOMAIN_ID=x"]),
     (OBSERVER + ["echo", "--ros-distro", "bogus"], {}, ["--ros-distro: no message definitions"]),
+    # -- issue 21 item 8: names, namespaces and remapping, the same on both backends ------------
+    # (before: the dds backend silently ignored every one of these; the rclpy backend left them
+    # to rcl, which took some and failed on others with a traceback)
+    (COMPANION + ["--namespace", "/1robot"], {},
+     ["argument --namespace: '/1robot': namespace must not have a token that starts with a "
+      "number"]),
+    (COMPANION + ["--namespace", "/robot1/"], {}, ["argument --namespace: '/robot1/': namespace "
+                                                   "must not end with a '/'"]),
+    (COMPANION + ["--node-name", "my-node"], {},
+     ["argument --node-name: 'my-node': node name must not contain characters other than "
+      "alphanumerics or '_'"]),
+    (COMPANION + ["--remap", "/odom"], {}, ["argument --remap: '/odom': a remap rule is FROM:=TO"]),
+    (COMPANION + ["--ros-args", "-r", "__ns:=robot1"], {},
+     ["argument --remap: '__ns:=robot1': the namespace must be absolute"]),
+    (COMPANION + ["--ros-args", "-r", "/odom/*:=/x"], {}, ["wildcards ('*', '**') are not "
+                                                           "implemented by rcl either"]),
+    (COMPANION + ["--ros-args", "-r"], {}, ["--ros-args -r needs a value (FROM:=TO)"]),
+    (COMPANION + ["--ros-args", "--params-file", "p.yaml"], {},
+     ["--ros-args --params-file is not supported (give the parameters as -p name:=value or as "
+      "flags)"]),
+    (COMPANION + ["--ros-args", "--log-level", "debug"], {},
+     ["--ros-args --log-level is not supported (use --log-level LEVEL before --ros-args)"]),
+    (COMPANION + ["--ros-args", "--enclave", "/e"], {}, ["--ros-args --enclave is not supported"]),
+    (COMPANION + ["--ros-args", "--disable-rosout-logs"], {},
+     ["--ros-args --disable-rosout-logs is not supported"]),
+    (COMPANION + ["--ros-args", "--frobnicate"], {},
+     ["--ros-args: unknown ROS argument '--frobnicate'"]),
     # -- durations and counts -------------------------------------------------------------------
     (COMPANION + ["--release-after", "-1"], {}, ["--release-after: seconds must be 0 or more"]),
     (DEMO + ["--duration", "-1"], {}, ["--duration: seconds must be 0 or more, got -1"]),

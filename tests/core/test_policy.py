@@ -98,6 +98,21 @@ def test_denied_topics_get_topic_denied_and_register_nothing():
     assert gw.counters()["topics_denied"] == 3
     # nothing held for the refused ids: they are free to use for allowed topics
     c.send(advertise(2, "/ue/cmd"))
+
+
+def test_relative_names_cannot_slip_past_a_deny_list():
+    # The companion resolves relative and private names under its namespace (issue 21): with
+    # --deny-topics /secret*, `secret` (-> /secret) and `~/secret` must not get through.
+    gw, ros = policy_gateway(deny_topics="/secret*")
+    c = ready(gw)
+    c.send(advertise(1, "secret") + subscribe(2, "~/secret") + advertise(3, "odom")
+           + advertise(4, "/odom"))
+    errs = c.json_frames(U.OP_ERROR)
+    assert [(e["code"], e["id"]) for e in errs] == [
+        ("topic_denied", 1), ("topic_denied", 2), ("topic_denied", 3)]
+    assert "secret is not absolute: with --allow-topics/--deny-topics give the full name" \
+        in errs[0]["message"]
+    assert [(n, t) for n, s, t, ty, r in ros.take()] == [("advertise", "/odom")]
     assert c.errors() == []
 
 

@@ -46,7 +46,7 @@ def test_companion_decided_errors(small: Any, connect: Any) -> None:
         ("adv", 1, "/e2e_err_type", "std_msgs/msg/Nope", "unknown_type"),     # not an interface
         ("sub", 2, "/e2e_err_type2", "nopkg/msg/X", "unknown_type"),          # no such package
         ("adv", 3, "/e2e_err_type3", "not a type", "unknown_type"),           # malformed
-        ("adv", 4, "chatter", S, "invalid_topic"),                            # not absolute
+        ("adv", 4, "chat~ter", S, "invalid_topic"),                           # '~' not first
         ("sub", 5, "/a//b", S, "invalid_topic"),
         ("adv", 6, "/e2e-dash", S, "invalid_topic"),
         # the companion publishes /diagnostics itself (DiagnosticArray): the gateway cannot know

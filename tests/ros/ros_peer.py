@@ -16,7 +16,8 @@ object a line, each answered by ``{"re": seq, ...}``):
                                                    -> {"acked": bool}
     {"op": "drop", "id": K}                        delete that endpoint
     {"op": "graph", "topic": T}                    rclpy only: get_publishers_info_by_topic and
-                                                   get_subscriptions_info_by_topic
+                                                   get_subscriptions_info_by_topic, the nodes
+                                                   (names; "fqns": /ns/name) and their topics
     {"op": "quit"}
 
 Events, unprompted: ``{"ev": "msg", "id": K, "data": HEX, "decoded": bool, "at": T}`` for every
@@ -122,7 +123,9 @@ class RclpyPeer:
             by_node[name] = {"pubs": sorted(t for t, _ in pubs), "subs": sorted(t for t, _ in subs)}
         return {"pubs": [info(i) for i in self.node.get_publishers_info_by_topic(topic)],
                 "subs": [info(i) for i in self.node.get_subscriptions_info_by_topic(topic)],
-                "nodes": sorted(self.node.get_node_names()), "by_node": by_node}
+                "nodes": sorted(self.node.get_node_names()), "by_node": by_node,
+                "fqns": sorted(("" if ns == "/" else ns) + "/" + name
+                               for name, ns in self.node.get_node_names_and_namespaces())}
 
     def spin(self):
         self.ex.spin_once(timeout_sec=0.005)

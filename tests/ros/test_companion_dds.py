@@ -163,7 +163,7 @@ def test_raw_bytes_across_processes(comp, sink):
 
 def test_errors(comp, sink):
     comp.advertise(1, "/err_ok", "std_msgs/msg/String", QOS_R)
-    comp.advertise(2, "chatter", "std_msgs/msg/String", QOS_R)            # not absolute
+    comp.advertise(2, "chat~ter", "std_msgs/msg/String", QOS_R)           # '~' not first
     comp.advertise(3, "/a//b", "std_msgs/msg/String", QOS_R)
     comp.advertise(4, "/err_t", "std_msgs/msg/Nope", QOS_R)               # not an interface
     comp.advertise(5, "/err_t", "not a type", QOS_R)                      # malformed
@@ -288,7 +288,7 @@ def test_diagnostics_published(dds_backend, sink, dp):
         raw = wait_for(lambda: ddspy_take(r._ref, 0xFFFF, 10))
         msg = STORE.deserialize_cdr(raw[0][0], "diagnostic_msgs/msg/DiagnosticArray")
         names = [s.name for s in msg.status]
-        assert names == ["ros_side: companion", "ros_side: gateway", "ros_side: link"]
+        assert names == ["/ros_side: companion", "/ros_side: gateway", "/ros_side: link"]
         gw = {kv.key: kv.value for kv in msg.status[1].values}
         assert gw == {"clients": "2", "frames_in": "10"}
         own = {kv.key: kv.value for kv in msg.status[0].values}

@@ -322,3 +322,45 @@ def test_tf_static_union_is_bounded():
     one = _tf(("a", "b", 1.0))
     assert TfUnion.decode(one[:-1]) is None and TfUnion.decode(one + b"\0\0\0") is not None
     assert TfUnion.decode(one[:2]) is None
+
+
+def test_policy_names_are_one_vocabulary():
+    """qos_incompatible names a policy as rclpy's QoSPolicyKind does, whatever the backend had:
+    an rmw kind (rclpy's event status: its own name is RMW_QOS_POLICY_*), the rmw enum's name,
+    or a DDS policy name (the same for every policy ROS has; DDS-only ones stay DDS's)."""
+    from ros_side.qos import policy_name
+    assert [policy_name(k) for k in (1, 2, 3, 4, 5)] == [
+        "DURABILITY", "DEADLINE", "LIVELINESS", "RELIABILITY", "HISTORY"]
+    assert policy_name("RMW_QOS_POLICY_RELIABILITY") == "RELIABILITY"
+    assert policy_name("DURABILITY") == "DURABILITY"
+    assert policy_name("DATA_REPRESENTATION") == "DATA_REPRESENTATION"
+
+    class RmwKind:   # rclpy._rclpy_pybind11.rmw_qos_policy_kind_t: int() and a name
+        name = "RMW_QOS_POLICY_DURABILITY"
+
+        def __int__(self):
+            return 1
+    assert policy_name(RmwKind()) == "DURABILITY"
+
+
+def test_names_resolve_before_anything_else(sink):
+    """A companion under /robot1 with a remap: the backend only ever sees absolute, resolved
+    names; a relative and an absolute name for one ROS topic share one entity; the diagnostics
+    publisher's topic goes through the same rules; invalid_topic names both spellings."""
+    from ros_side.names import Names
+    b = FakeBackend()
+    c = Companion(b, sink, max_message=1000, diagnostics_period_ms=1000,
+                  names=Names("arm", "/robot1", ["/odom:=/robot1/odom",
+                                                 "/diagnostics:=/robot1/diagnostics"]),
+                  hardware_id=lambda: "udp://10.0.0.2:4000")
+    c.advertise(1, "odom", "nav_msgs/msg/Odometry", QOS_R)
+    c.advertise(2, "/odom", "nav_msgs/msg/Odometry", QOS_R)
+    c.advertise(3, "~/status", "std_msgs/msg/String", QOS_R)
+    c.advertise(4, "a/1b", "std_msgs/msg/String", QOS_R)
+    assert [h[1] for h in b.created] == ["/robot1/odom", "/robot1/arm/status"]
+    assert [r[3] for r in sink.of("result")] == [None, None, None, "invalid_topic"]
+    assert "'a/1b' (resolved to '/robot1/a/1b')" in sink.of("result")[3][4]
+    c.poll(0)
+    assert b.created[-1][1] == "/robot1/diagnostics"
+    statuses = c._diag_statuses()
+    assert [(s[1], s[3]) for s in statuses] == [("/robot1/arm: companion", "udp://10.0.0.2:4000")]

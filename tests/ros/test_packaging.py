@@ -85,8 +85,9 @@ def test_colcon_style_install_runs_as_ros2_run_finds_it(tmp_path):
 def test_ros_parameters_mirror_the_command_line_flags():
     argv = ["--backend", "dds", "--ros-args", "-p", "link:=serial:/dev/ttyACM0",
             "-p", "baud:=921600", "-p", "no_diagnostics:=true", "-r", "__node:=x", "--"]
-    assert ros_params_as_flags(argv) == [
-        "--link", "serial:/dev/ttyACM0", "--baud", "921600", "--no-diagnostics"]
+    assert ros_params_as_flags(argv) == [   # -r: a remap rule, honoured by both backends
+        "--link", "serial:/dev/ttyACM0", "--baud", "921600", "--no-diagnostics",
+        "--remap", "__node:=x"]
     assert strip_ros_args(argv) == ["--backend", "dds"]
 
 
