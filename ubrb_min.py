@@ -106,6 +106,11 @@ CLIENT_OPS = (0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0)  # indexed by op
 
 _HELLO_TIMEOUT_MS = const(5000)
 _IDLE_TIMEOUT_MS = const(10000)
+# A link outage: reliable PUBLISHes wait (the clients are not read) this long for the ROS side to
+# come back, then are dropped with an ERROR; meanwhile the gateway PINGs its clients (the Unreal
+# plugin drops a session after 10 s with nothing from the bridge)
+OUTAGE_HOLD_MS = const(30000)
+_OUTAGE_PING_MS = const(3000)
 _SUB_COUNT_INTERVAL_MS = const(500)
 _ERROR_REPEAT_MS = const(1000)  # unknown_id / message_too_large: at most once per id per second
 _CLOSE_FLUSH_MS = const(2000)  # a closing client that does not read its last frames is cut off after this
@@ -987,6 +992,10 @@ class Gateway:
         # as at any time it is unreachable). The connection itself is served from its accept.
         self.ros_hold = False
         self.ros_hold_until = 0
+        self.ping_at = 0  # the last PING to the clients while the ROS side is away
+        # 1: the ROS side went away (an outage: its reliable PUBLISHes held); 2: for longer than
+        # OUTAGE_HOLD_MS (reliable PUBLISHes dropped, each client told with an ERROR)
+        self.ros_away = 0
         # counters, by the _GS_* indices of _GW_STATS' names (counters() reports them by name)
         self.stat_counts = [0] * _GS_N
 
@@ -1182,8 +1191,19 @@ class Gateway:
         self.now = now
         if self.throttle is not None:
             self.throttle.release(self, now)
-        if self.ros_hold and (self.ros_ready or now - self.ros_hold_until >= 0):
-            self.ros_hold = False  # the held PUBLISHes go (or are dropped) in _resume below
+        if self.ros_hold:
+            if self.ros_ready or now - self.ros_hold_until >= 0:
+                self.ros_hold = False  # the held PUBLISHes go (or are dropped) in _resume below
+                if not self.ros_ready and self.ros_away:
+                    self.ros_away = 2
+                    self._log("warning", "ROS side still unreachable: reliable PUBLISHes are "
+                              "dropped (ERROR link_congested) until it is back")
+            elif now - self.ping_at >= _OUTAGE_PING_MS:
+                # the clients waiting on us hear from us (their sessions must not time out)
+                self.ping_at = now
+                for c in self.clients:
+                    if c.state == S_READY:
+                        self._send(c, OP_PING, b"")
         if self.n_blocked:
             self._resume(now)
         for c in self.clients:
@@ -1230,6 +1250,7 @@ class Gateway:
         kept small (ports/micropython: every 2**28 ms)."""
         self.now -= d
         self.ros_hold_until -= d
+        self.ping_at -= d
         if self.throttle is not None:
             self.throttle.rebase(d)
         for c in self.clients:
@@ -1318,7 +1339,7 @@ class Gateway:
                 self.publishing = -1
                 return False
         if i >= 0 and self.ros_hold and not self.ros_ready and self.pubs.reliable[c.pub_slot[i]]:
-            return True  # start-up: the link is expected (hold_for_ros); tick() lets it go
+            return True  # the link is expected (start-up, an outage: hold_for_ros); tick() ends it
         # refused or dropped below: never waits
         c.rx_frames += 1
         stats = self.stat_counts
@@ -1339,6 +1360,10 @@ class Gateway:
         if not self.ros_ready:
             stats[_GS_DROPPED_NO_ROS] += 1
             c.dropped += 1
+            if self.ros_away == 2 and self.pubs.reliable[c.pub_slot[i]] and \
+                    c.should_report("link_congested", c.pub_id[i], self.now):
+                self._error(c, c.pub_id[i], "link_congested", "the ROS side is unreachable for "
+                            "longer than %d s: reliable message dropped" % (OUTAGE_HOLD_MS // 1000))
             return False
         c.dropped += 1                  # too large (the data path above took the rest)
         pid = c.pub_id[i]
@@ -1542,6 +1567,7 @@ class Gateway:
     # -- GatewaySink: calls from the ROS side ----------------------------------------------------
     def ros_up(self, distro, max_message):
         self.ros_ready = True
+        self.ros_away = 0
         self.ros_distro = distro or "unknown"
         self.ros_max_message = min(max_message, self.p["max_payload"])
         self._log("info", "ROS side up (%r, messages up to %d bytes)" % (distro, max_message))
@@ -1574,7 +1600,11 @@ class Gateway:
 
     def ros_down(self):
         if self.ros_ready:
-            self._log("warning", "ROS side unreachable; keeping registrations")
+            self._log("warning", "ROS side unreachable; keeping registrations, holding reliable "
+                      "PUBLISHes for up to %d s" % (OUTAGE_HOLD_MS // 1000))
+            self.hold_for_ros(self.now + OUTAGE_HOLD_MS)
+            self.ping_at = self.now
+            self.ros_away = 1
         self.ros_ready = False
         # HELLO_ACK tells a client whether anything is behind the gateway (a PUBLISH now is
         # dropped_no_ros): "unknown" again until the ROS side reports back.
@@ -2494,7 +2524,7 @@ class LinkSession:
         f = self.fit
         if f is not None:
             f.sent += 1
-            if f.sent >= 64 or self.fit_lost >= 8:  # enough frames, or enough lost
+            if f.sent >= 64 or self.fit_lost >= 4:  # enough frames, or enough lost
                 f.frames(self)
         L = self._head(LK_REL, s, n)
         pos = self.frame_off[i]
@@ -2552,20 +2582,29 @@ class LinkSession:
 
     # ---- time ----------------------------------------------------------------
     def _timer(self, now):
-        # the retransmission timeout, on the oldest unacked frame: nothing came back for a
-        # whole RTO, so every frame in flight the peer did not report held is deemed lost, the
-        # RTO doubles (up to _LK_RTO_MAX) and one frame at a time probes the line again
-        i = self.una & self.ft_mask
+        # the retransmission timeout, on the oldest frame in the network (sent, not reported
+        # held, not waiting to be sent again): nothing came back for a whole RTO, so every frame
+        # in flight the peer did not report held is deemed lost and one frame at a time probes
+        # the line again. The RTO doubles (up to _LK_RTO_MAX) when the peer has been silent as
+        # long (an outage), not while its frames arrive (a noisy line loses ours: waiting longer
+        # would not bring them through). Frames deemed lost that wait for the line (a paced
+        # serial line) do not time out: they have not been sent again yet.
         n = (self.nxt - self.una) & 255
-        # (una deemed lost but not sent again yet times out only if the frames in the network
-        # keep it waiting: with none there, it goes out at the next poll_tx)
-        if n and (not self.frame_st[i] & _LK_FS_LOST or n - self.sack_n - self.lost_n > 0):
+        if n > self.sack_n + self.lost_n:
+            s = self.una
+            st = self.frame_st
+            i = s & self.ft_mask
+            while st[i] & (_LK_FS_LOST | _LK_FS_SACK):
+                s = (s + 1) & 255
+                i = s & self.ft_mask
             if now - self.frame_sent_at[i] >= self.rto:
                 self.fit_lost += self._lose(-1)  # (all of them, most likely, or their acks)
                 self.stat_counts[_LKC_TIMEOUTS] += 1
-                self.rto = min(self.rto * 2, _LK_RTO_MAX)
+                if now - self.last_rx >= self.rto:  # silence: an outage, not a noisy line
+                    self.rto = min(self.rto * 2, _LK_RTO_MAX)
                 self.cwnd = 1
-                if self.frame_cap and self.frame_len[i] > self.frame_cap - self.ovh:
+                if self.frame_cap and self.frame_len[self.una & self.ft_mask] > \
+                        self.frame_cap - self.ovh:
                     self.fit.recut(self)
                 return
         if self.nak_late and now - self.go_back_at >= self._wait():

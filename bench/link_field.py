@@ -330,6 +330,9 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
         gw_out = chain.close()
         if proxy is not None:
             proxy.close()
+        if os.environ.get("LINK_FIELD_LOGS"):
+            sys.stderr.write("--- gateway\n%s\n--- companion\n%s\n" % (
+                gw_out, chain.comp.output() if chain.comp else ""))
     r["gw_link"] = K.last_counters(gw_out, "link")
     r["gw"] = K.last_counters(gw_out, "gateway")
     r["comp_link"] = K.last_counters(chain.comp.output(), "link") if chain.comp else {}

@@ -297,3 +297,35 @@ def test_best_effort_keeps_the_topics_depth_newest_and_sends_them_in_one_frame()
     p.run(5)
     assert [m for t, m in sink if t == U.LK_T_PUB] == [b"t2", b"t3", b"t4", b"u4"]
     assert (g.be_seq - seq) & 255 == 1         # one frame for the four
+
+
+def test_an_outage_holds_reliable_publishes_pings_the_clients_and_drops_only_after_its_bound():
+    # Issue 20 item 2: the link is down (ros_down) but was up: a reliable PUBLISH waits, the
+    # client is not read, but it hears a PING every 3 s (the Unreal plugin drops a session
+    # after 10 s of silence); when the ROS side is back the held frame goes first.
+    gw, ros, (a, b) = setup(budget=1 << 20)
+    a.frames()
+    ros.sink.ros_down()
+    now = 1000
+    gw.tick(now)
+    assert feed(a, publish(1, b"held") + publish(2, b"be"), now) == 0
+    assert published(ros) == [] and a.session.blocked and gw.interest(a.ci) & U.WANT_READ == 0
+    for _ in range(9):                                   # 9 s of outage
+        now += 1000
+        gw.tick(now)
+    assert [op for op, _ in a.frames()].count(U.OP_PING) == 3 and not a.closing()
+    assert [op for op, _ in b.frames()].count(U.OP_PING) == 3  # (idle itself: it sent nothing)
+    ros.up()
+    gw.tick(now + 10)
+    assert published(ros)[:2] == [(b"held", True), (b"be", False)] and a.errors() == []
+    # a second outage, longer than its bound: dropped, with an ERROR, counted
+    ros.sink.ros_down()
+    now += 100
+    gw.tick(now)
+    feed(a, publish(1, b"late"), now)
+    assert a.session.blocked
+    now += U.OUTAGE_HOLD_MS
+    gw.tick(now)
+    assert not a.session.blocked and published(ros) == []
+    assert a.errors() == [("link_congested", 1)]
+    assert gw.counters()["dropped_no_ros"] == 1
