@@ -2023,7 +2023,7 @@ _LKC_RESYNC = const(6)
 _LKC_NOISE = const(7)
 _LKC_RETX = const(8)
 _LKC_TIMEOUTS = const(9)
-_LKC_FAST_RETX = const(10)
+LKC_FAST_RETX = const(10)
 _LKC_DUP = const(11)
 _LKC_OOO = const(12)
 _LKC_DROP_BE = const(13)
@@ -2106,7 +2106,7 @@ class LinkSession:
         # -- reliable class: a ring of wire records, selective repeat over a frame table of
         # `frames` entries, a power of two <= _LK_WMAX: at most that many frames in flight,
         # whatever the peer's window (offsets < 2**31 and lengths < 2**16 as arrays: half a
-        # list's heap); a board's ring holds a few frames' worth, so 32 entries do
+        # list's heap); a board's ring holds a few frames' worth (ubrb_setup.link_sizes)
         f = 8
         while f < frames and f < _LK_WMAX:
             f *= 2
@@ -2157,13 +2157,14 @@ class LinkSession:
 
             self.mac = LinkMac(key)
         self.tag = LK_TAG if key is not None else 0  # MAC trailer bytes per frame
-        # a stream link fits its frames to the line's error rate: ubrb_fit, imported only then
-        # (a UDP link loses datagrams whatever their size)
+        # a stream link's own parts (ubrb_stream, imported only then): the byte stream cut into
+        # frames again, frames fitted to the line's error rate (a UDP link loses datagrams
+        # whatever their size)
         self.fit = None
         if not datagram:
-            from ubrb_fit import Fit
+            from ubrb_stream import Stream
 
-            self.fit = Fit()
+            self.fit = Stream()
         self.ovh = LK_OVH + self.tag
         self._reset_stream()
 
@@ -2178,7 +2179,7 @@ class LinkSession:
         self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
         self.cwnd = self.ft  # frames we let be in the network (<= peer_window); 1 after an RTO
         self.reo = 0  # ms a frame may be overtaken by later ones before it is deemed lost
-        # a stream link (serial): frames are made smaller when the line loses them (ubrb_fit)
+        # a stream link (serial): frames are made smaller when the line loses them (ubrb_stream)
         self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
         self.fit_lost = 0  # REL frames deemed lost since the last fit
         self.need_at = 0  # when the peer last said it still needs frame una (its ack)
@@ -2612,7 +2613,7 @@ class LinkSession:
             self.nak_late = False
             self._lose(-1)
             self.fit_lost += 1  # (one frame lost: the rest were dropped behind it)
-            self.stat_counts[_LKC_FAST_RETX] += 1
+            self.stat_counts[LKC_FAST_RETX] += 1
         if self.rack_at >= 0 and now - self.rack_at >= 0:
             self._lose(now)
 
@@ -2640,7 +2641,7 @@ class LinkSession:
                     st[i] |= _LK_FS_LOST
                     self.lost_n += 1
                     if now >= 0:
-                        self.stat_counts[_LKC_FAST_RETX] += 1
+                        self.stat_counts[LKC_FAST_RETX] += 1
                         self.reo -= self.reo >> 4
                         self.fit_lost += 1
                 elif self.rack_at < 0 or t[i] + wait - self.rack_at < 0:
@@ -2686,31 +2687,13 @@ class LinkSession:
         self.now = now
         self.stat_counts[_LKC_RX_BYTES] += n
         end = off + n
-        if self.datagram:
-            p = self._parse(buf, off, end)
-            if p < end:
-                self.stat_counts[_LKC_TRUNC] += 1
-                self.stat_counts[_LKC_NOISE] += end - p
+        if self.fit is not None:
+            self.fit.feed(self, buf, off, end)
             return
-        rx = self.rx
-        while off < end:
-            if self.rx_n == 0:               # fast path: frames straight from buf
-                p = self._parse(buf, off, end)
-                k = end - p
-                copy_into(rx, 0, buf, p, k)    # k < max_frame by construction
-                self.rx_n = k
-                return
-            k = len(rx) - self.rx_n
-            if k > end - off:
-                k = end - off
-            copy_into(rx, self.rx_n, buf, off, k)
-            off += k
-            self.rx_n += k
-            p = self._parse(rx, 0, self.rx_n)
-            k = self.rx_n - p
-            if p > 0 and k > 0:
-                copy_into(rx, 0, rx, p, k)
-            self.rx_n = k
+        p = self._parse(buf, off, end)
+        if p < end:
+            self.stat_counts[_LKC_TRUNC] += 1
+            self.stat_counts[_LKC_NOISE] += end - p
 
     def _parse(self, b, p, end):
         # returns the first byte not consumed (a frame still incomplete)
@@ -3000,9 +2983,9 @@ class LinkSession:
         if not inflight:
             self.rack_at = -1
         elif nak:
-            # the peer dropped a frame after a gap it could not hold: _timer goes back over
-            # every frame it does not hold, once per round trip (NAKs of frames sent before the
-            # last go-back are still coming: one within it waits for it to be over)
+            # the peer dropped a frame after a gap it could not hold (a board): _timer goes
+            # back over every frame it does not hold, once per round trip (NAKs of frames sent
+            # before the last go-back are still coming: one within it waits for it to be over)
             self.nak_late = True
         elif bits:
             self._lose(now)

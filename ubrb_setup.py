@@ -525,9 +525,10 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU, board=_MICROPYTHON):
     # On a stream link (serial) the frames get smaller on a noisy line and more of them fly
     # (LinkSession._fit_frames): keep a whole table of them.
     hold = 0 if board else (window if datagram else LINK_HOLD_STREAM)
-    # The frame table: a board's ring holds only a few frames' worth (32 entries); a PC's
-    # window is up to 64 frames (ubrb_host.link.udp_window).
-    frames = 32 if board else 64
+    # The frame table (frames in flight at most): a board's ring holds only a few frames' worth
+    # on UDP (4 of 1400 bytes at the mcu profile: 8 entries); on a noisy serial line its frames
+    # get small and more of them fly (32); a PC's window is up to 64 frames (udp_window).
+    frames = (8 if datagram else 32) if board else 64
     total = (frame + (0 if datagram else 2 * frame) + 2 * (mm + LK_RHDR_MAX) + rel + be
              + hold * frame + 8 * frames)
     return {"max_message": mm, "max_frame": frame, "window": window, "rel_bytes": rel,

@@ -22,7 +22,7 @@ const mp = await loadMicroPython({
 });
 mp.FS.mkdir("/repo");
 // the core and the modules beside it that start-up and the optional features load
-for (const name of ["ubrb_min.py", "ubrb_setup.py", "ubrb_policy.py", "ubrb_keyed.py", "ubrb_fit.py", "ubrb_hold.py"]) {
+for (const name of ["ubrb_min.py", "ubrb_setup.py", "ubrb_policy.py", "ubrb_keyed.py", "ubrb_stream.py", "ubrb_hold.py"]) {
   mp.FS.writeFile("/repo/" + name, fs.readFileSync(path.join(ROOT, name), "utf8"));
 }
 mp.FS.chdir("/repo");

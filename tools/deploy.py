@@ -71,10 +71,11 @@ MODULES: Tuple[Tuple[str, str], ...] = (
     ("ubrb_setup.py", "ubrb_setup"),  # start-up only: unloaded before the gateway serves
     ("ubrb_policy.py", "ubrb_policy"),  # loaded only with a policy flag
     ("ubrb_keyed.py", "ubrb_keyed"),  # loaded only with --link-key
-    ("ubrb_fit.py", "ubrb_fit"),  # loaded only with a serial link (uart:)
+    ("ubrb_stream.py", "ubrb_stream"),  # loaded only with a serial link (uart:)
     ("ports/micropython/run.py", "ports/micropython/run"),
     ("ports/micropython/gateway.py", "ports/micropython/gateway"),  # start-up only
     ("ports/micropython/build.py", "ports/micropython/build"),  # start-up only
+    ("ports/micropython/uart.py", "ports/micropython/uart"),  # loaded only with a uart: link
     ("ports/micropython/loop.py", "ports/micropython/loop"),
     ("ports/micropython/link.py", "ports/micropython/link"),
 )

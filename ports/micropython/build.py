@@ -20,8 +20,10 @@ def open_gateway_link(io, opts, max_slots):
     else:
         if io.machine is None:
             raise ValueError("serial links need the machine module (not on this port)")
-        t = mlink.UartTransport(io.machine, opts["link_port"], opts["baud"], z["max_frame"],
-                                opts["tx"], opts["rx"])
+        from ports.micropython.uart import UartTransport
+
+        t = UartTransport(io.machine, opts["link_port"], opts["baud"], z["max_frame"],
+                          opts["tx"], opts["rx"])
     s = core.LinkSession(None, mlink.new_epoch(io.time), True, t.datagram, z["max_frame"],
                          z["max_message"], z["window"], z["rel_bytes"], z["be_bytes"],
                          max_slots, opts["key"], lambda: mlink.new_epoch(io.time), z["hold"],

@@ -11,7 +11,7 @@
 #
 # Optional features load only when configured: ubrb_policy with a policy flag (imported by
 # ubrb_setup's parser: it stays, the Gateway runs its checks), ubrb_keyed with --link-key (by
-# the LinkSession built with a key), ubrb_fit with a serial link (by a stream LinkSession).
+# the LinkSession built with a key), ubrb_stream with a serial link (by a stream LinkSession).
 #
 # It prints the one figure a user sizing a board reads - the worst-case budget (buffers, topic
 # strings, link session) plus the heap the loaded code and module state take.

@@ -10,7 +10,7 @@ from pathlib import Path
 import ubrb_min as U
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SOURCES = ["ubrb_min.py", "ubrb_setup.py", "ubrb_policy.py", "ubrb_keyed.py", "ubrb_fit.py", "ubrb_hold.py",
+SOURCES = ["ubrb_min.py", "ubrb_setup.py", "ubrb_policy.py", "ubrb_keyed.py", "ubrb_stream.py", "ubrb_hold.py",
            *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ros_side").rglob("*.py")),
            *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ports").rglob("*.py"))]
 # the ways a code leaves the source: an ERROR frame, a refusal, a ROS-side error or result

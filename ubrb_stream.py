@@ -1,21 +1,47 @@
-"""Frames that fit a noisy line: a stream link (serial) sends smaller frames when bit errors
-lose them, so one error costs a small frame, not a 1 KiB one (docs/LINK.md, "Noisy lines").
+"""A stream link's own parts (serial: a byte stream, not datagrams): the bytes cut into frames
+again whatever their chunking, and frames that fit a noisy line - smaller frames when bit errors
+lose them, so that one error costs a small frame, not a 1 KiB one (docs/LINK.md, section 5).
 
-Imported only by a LinkSession on a stream link (a UDP link loses datagrams whatever their
-size); these are its methods, kept out of the core so that a board on UDP never loads them.
-MicroPython-portable: floats and `math` run once per 64 frames, never per frame."""
+Imported only by a LinkSession on a stream link; kept out of the core so that a board on UDP
+never loads them. MicroPython-portable: floats and `math` run once per 64 frames, never per
+frame."""
 
 import math
 
+from ubrb_min import copy_into
 
-class Fit:
-    """A stream session's frame fitting: how many REL frames went since the last fit, and the
-    per-byte loss the fits measured (smoothed). The session counts the frames it deems lost
-    (fit_lost) and when the peer last needed its oldest one (need_at)."""
+
+class Stream:
+    """A stream session's parts. Frame fitting: how many REL frames went since the last fit,
+    and the per-byte loss the fits measured (smoothed); the session counts the frames it deems
+    lost (fit_lost) and when the peer last needed its oldest one (need_at)."""
 
     def __init__(self):
         self.sent = 0
         self.b = 0.0
+
+    def feed(self, s, buf, off, end):
+        """Bytes of the stream arrived at session `s`, in any chunking: frames are parsed
+        straight from `buf` while none is partial, else reassembled in s.rx (< 2 max_frame)."""
+        rx = s.rx
+        while off < end:
+            if s.rx_n == 0:                  # fast path: frames straight from buf
+                p = s._parse(buf, off, end)
+                k = end - p
+                copy_into(rx, 0, buf, p, k)  # k < max_frame by construction
+                s.rx_n = k
+                return
+            k = len(rx) - s.rx_n
+            if k > end - off:
+                k = end - off
+            copy_into(rx, s.rx_n, buf, off, k)
+            off += k
+            s.rx_n += k
+            p = s._parse(rx, 0, s.rx_n)
+            k = s.rx_n - p
+            if p > 0 and k > 0:
+                copy_into(rx, 0, rx, p, k)
+            s.rx_n = k
 
     def frames(self, s):
         """Every 64 REL frames (or 8 lost): the frame size that carries most payload at the bit
