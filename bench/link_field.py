@@ -154,7 +154,7 @@ class PacedClient(K.RawClient):
             return n > 0
 
     def offer(self, rate: float, seconds: float, size: int, late: float,
-              stopping: threading.Event) -> Dict[str, Any]:
+              stopping: "SignalFlag") -> Dict[str, Any]:
         self.buffered = True
         total = int(rate * seconds)
         t0 = time.monotonic()
@@ -185,7 +185,7 @@ class PacedClient(K.RawClient):
                 stopping.wait(wait)
         return {"offered": total, "written": written, "unsent": ranges(unsent), "t0": t0}
 
-    def drain(self, stopping: threading.Event) -> None:
+    def drain(self, stopping: "SignalFlag") -> None:
         """Keep writing what is committed (and PONGs) until told to stop."""
         while not stopping.is_set():
             if self._flush():
@@ -194,6 +194,26 @@ class PacedClient(K.RawClient):
                 select.select([], [self.sock], [], 0.01)
             else:
                 stopping.wait(0.01)
+
+
+class SignalFlag:
+    """Set from a signal handler. Not a threading.Event: its set() takes the lock that the main
+    thread may hold inside wait() when the signal lands there, and the writer then hung for good
+    (it never printed its 'errors:' line after SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def set(self) -> None:
+        self.on = True
+
+    def is_set(self) -> bool:
+        return self.on
+
+    def wait(self, seconds: float) -> bool:
+        if not self.on:
+            time.sleep(seconds)
+        return self.on
 
 
 def ranges(seqs: List[int]) -> List[Tuple[int, int]]:
@@ -218,7 +238,7 @@ def _writer_main(argv: List[str]) -> int:
     ap.add_argument("--size", type=host_cli.positive_int, default=SIZE)
     ap.add_argument("--late", type=host_cli.duration, default=2.0)
     a = ap.parse_args(argv)
-    go, stopping = threading.Event(), threading.Event()
+    go, stopping = SignalFlag(), SignalFlag()
     signal.signal(signal.SIGUSR1, lambda *_: go.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     c = PacedClient(a.port)
