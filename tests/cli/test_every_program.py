@@ -80,3 +80,27 @@ def test_no_program_imports_from_tests() -> None:
             found += ["%s:%d %s" % (path, node.lineno, n) for n in names
                       if n == "tests" or n.startswith("tests.")]
     assert found == [], found
+
+
+def test_no_test_module_imports_another() -> None:
+    # what tests share is a rig in tests/support/ (or tests/core/*_rig.py for the MicroPython leg),
+    # so a newcomer finds it by name and a test module can be read, moved or deleted alone
+    # (issue 22: seven test modules imported rigs from other test modules)
+    import ast
+
+    found = []
+    for d, _, names in os.walk(os.path.join(ROOT, "tests")):
+        for name in (n for n in names if n.endswith(".py")):
+            path = os.path.join(d, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    mods = [node.module or ""]
+                else:
+                    continue
+                found += ["%s:%d %s" % (os.path.relpath(path, ROOT), node.lineno, m)
+                          for m in mods if m.split(".")[-1].startswith("test_")]
+    assert found == [], found

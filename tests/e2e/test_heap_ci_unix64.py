@@ -26,7 +26,7 @@ from typing import Any, Dict
 import pytest
 
 from tests.e2e.helpers import Client, Dds, key_file, ser, string_msg
-from tests.e2e.test_e2e_micropython import DEEP, S, MicroPythonBridge
+from tests.e2e.mp_bridge import DEEP, S, MicroPythonBridge
 from tests.support import mp_unix
 
 # UBRB_HEAPCI_H64 / UBRB_HEAPCI_H64_KEYED ("168k") try another heap (finding the smallest)
