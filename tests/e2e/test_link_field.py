@@ -32,7 +32,8 @@ os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
 from bench import chainkit as K  # noqa: E402
 from bench import link_field as LF  # noqa: E402
 
-SECONDS = 5.0      # offered load without an outage
+SECONDS = 3.0      # offered load without an outage (3,000 messages at 1,000 msg/s)
+BER_SECONDS = 5.0  # a noisy line: 500 messages at 100 msg/s, past the frame fitting's start
 EVENT_AT = 2.0     # an outage starts this far into the stream ...
 TAIL = 2.0         # ... which goes on this long after it
 DRAIN = 6.0
@@ -44,8 +45,8 @@ def session_participant(dp: Any) -> None:
     K.use_participant(dp)
 
 
-def field(name: str) -> Dict[str, Any]:
-    r = LF.run_condition(name, SECONDS, drain=DRAIN, event_at=EVENT_AT, tail=TAIL)
+def field(name: str, seconds: float = SECONDS) -> Dict[str, Any]:
+    r = LF.run_condition(name, seconds, drain=DRAIN, event_at=EVENT_AT, tail=TAIL)
     print(LF.fmt(r))
     assert r["corrupt"] == 0, "a corrupted message reached ROS: %s" % LF.fmt(r)
     assert r["delivered_unsent"] == 0, LF.fmt(r)
@@ -99,7 +100,7 @@ def test_companion_kill9_loses_nothing() -> None:
     "issue 20: 6-7 % of the line with frames fitted to the errors (0 % with whole frames; "
     "optimum 47 %)"))
 def test_ber_1e3_carries_30_percent_of_the_line() -> None:
-    r = field("ber1e-3")
+    r = field("ber1e-3", BER_SECONDS)
     assert r["payload_share"] >= 0.30, LF.fmt(r)
 
 
@@ -107,7 +108,7 @@ def test_ber_1e3_carries_30_percent_of_the_line() -> None:
     "issue 20: 40-46 % of the line with frames fitted to the errors (11 % with whole "
     "frames; optimum 80 %)"))
 def test_ber_1e4_carries_60_percent_of_the_line() -> None:
-    r = field("ber1e-4")
+    r = field("ber1e-4", BER_SECONDS)
     assert r["payload_share"] >= 0.60, LF.fmt(r)
 
 
