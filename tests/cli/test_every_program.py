@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -42,17 +43,28 @@ def test_every_file_is_a_program_or_a_listed_module() -> None:
     assert set(SUBCOMMANDS) <= set(PROGRAMS)
 
 
+@pytest.fixture(scope="module")
+def ran() -> Dict[Tuple[str, ...], Any]:
+    """Every command line of this module's tests, run four at a time (each is a program that
+    starts, answers and exits: mostly the interpreter's start-up and imports)."""
+    argvs = [(PY, p, "--version") for p in PROGRAMS] + \
+        [tuple([PY] + a + ["--no-such-flag"]) for a in UNKNOWN]
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip(argvs, pool.map(lambda a: run(list(a)), argvs)))
+
+
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_version_is_one_line_and_exit_0(program: str) -> None:
-    r = run([PY, program, "--version"])
+def test_version_is_one_line_and_exit_0(ran: Dict[Tuple[str, ...], Any], program: str) -> None:
+    r = ran[(PY, program, "--version")]
     assert r.returncode == 0 and not r.stderr, (r.returncode, r.stdout, r.stderr)
     assert re.fullmatch(r"%s %s\n" % (re.escape(program), re.escape(U.VERSION)), r.stdout), \
         r.stdout
 
 
 @pytest.mark.parametrize("argv", UNKNOWN, ids=" ".join)
-def test_an_unknown_flag_is_one_line_and_exit_2(argv: List[str]) -> None:
-    r = run([PY] + argv + ["--no-such-flag"])
+def test_an_unknown_flag_is_one_line_and_exit_2(ran: Dict[Tuple[str, ...], Any],
+                                                argv: List[str]) -> None:
+    r = ran[tuple([PY] + argv + ["--no-such-flag"])]
     err = r.stderr.strip()
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, r.stderr
