@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Tuple
 
 import pytest
 
 import ubrb_min as U
-from tests.cli.helpers import PY, run
+from tests.cli.helpers import PY, run_all
 from tests.support.procs import ROOT
 
 # modules only, imported by the programs and the tests, never run
@@ -45,12 +44,10 @@ def test_every_file_is_a_program_or_a_listed_module() -> None:
 
 @pytest.fixture(scope="module")
 def ran() -> Dict[Tuple[str, ...], Any]:
-    """Every command line of this module's tests, run four at a time (each is a program that
-    starts, answers and exits: mostly the interpreter's start-up and imports)."""
+    """Every command line of this module's tests (helpers.run_all)."""
     argvs = [(PY, p, "--version") for p in PROGRAMS] + \
         [tuple([PY] + a + ["--no-such-flag"]) for a in UNKNOWN]
-    with ThreadPoolExecutor(4) as pool:
-        return dict(zip(argvs, pool.map(lambda a: run(list(a)), argvs)))
+    return dict(zip(argvs, run_all([(list(a), {}) for a in argvs])))
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
