@@ -1988,12 +1988,22 @@ class LinkOutput:
             self.credit -= k * 1000
         return self.n == 0
 
-    def wait_ms(self):
-        """How long until the pacing lets the next frame out (0: now); a loop with a frame
-        to send sleeps no longer than this, so a paced line does not sit idle."""
+    def wait_ms(self, now):
+        """How long a loop may sleep before the link has a frame to send (0: no such time, or
+        now): the pacing's next frame, so a paced line does not sit idle, and the session's loss
+        timer (RACK), so a frame deemed lost is sent again when it is, not when the loop next
+        wakes for something else (its poll timeout of 20-50 ms)."""
+        w = 0
         if self.pace and self.credit <= 0:
-            return -self.credit // self.pace + 1
-        return 0
+            w = -self.credit // self.pace + 1
+        r = self.s.rack_at
+        if r >= 0 and self.s.state == LINK_UP:
+            r -= now
+            if r > w:     # (the frame may go when both the timer and the pacing allow it)
+                w = r
+            elif w == 0:
+                w = 1
+        return w
 
     def drop(self):
         """The device is gone with a half-written frame: the peer resyncs, we start afresh."""
@@ -2971,9 +2981,12 @@ class LinkSession:
             f = (self.fack - a) & 255
             if top and (f >= inflight or top > f):
                 self.fack = (a + top) & 255
-        if over:
+        if over and self.datagram:
             # its first copy had only been overtaken: wait longer before calling a frame lost
-            # (down again, 1/16 each time one is: RACK's reordering window, adapted without DSACK)
+            # (down again, 1/16 each time one is: RACK's reordering window, adapted without DSACK).
+            # A byte stream does not reorder: there an early ack only means the first copy's
+            # ack was lost, and a small frame's round trip is shorter than srtt / 2 of large ones
+            # (a noisy serial line grew the allowance to the RTO: every loss waited for one)
             r = self.reo + (self.srtt >> 2) + 1
             self.reo = r if r < self.srtt + 50 else self.srtt + 50
         if sample >= 0:

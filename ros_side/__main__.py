@@ -284,7 +284,7 @@ def run_link(args: argparse.Namespace) -> int:
                 if fd >= 0:
                     sel.register(fd, selectors.EVENT_READ, "link")
                 link_fd = fd
-            wait = driver.wait_ms()  # a paced line: wake when the next frame may go
+            wait = driver.wait_ms(now_ms())  # wake when the next frame may go
             timeout = min(0.02, wait / 1000.0) if wait else 0.02
             timeout = min(timeout, end.deadline(now_ms()) / 1000.0)  # a throttled message due
             for key, _ in sel.select(timeout):

@@ -207,7 +207,7 @@ class GatewayLoop:
         if link is not None:
             if link.wants_write() or link.polled:
                 timeout = 5 if timeout > 5 else timeout
-            w = link.out.wait_ms()  # a paced line: wake when the next frame may go
+            w = link.out.wait_ms(now)  # wake when the next frame may go
             if w and timeout > w:
                 timeout = w
         socks = self.socks

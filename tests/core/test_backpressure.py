@@ -273,12 +273,35 @@ def test_paced_output_says_when_the_next_frame_may_go():
     out = U.LinkOutput(g, 11520)
     out.start(0)
     out.start(10)                             # 10 ms of credit: 115 bytes
-    assert out.wait_ms() == 0
+    assert out.wait_ms(10) == 0
     g.send(U.LK_T_PUB, 1, bytes(200), 0, 200, True)
     n = out.next(10)
     assert n and out.wrote(n)
-    w = out.wait_ms()
+    w = out.wait_ms(10)
     assert 0 < w <= (n * 1000) // 11520 + 1   # the line time of what exceeded the credit
+
+
+def test_the_loss_timer_wakes_the_loop_when_a_frame_is_due_again():
+    # a loop sleeps up to 20-50 ms; a frame RACK will deem lost at rack_at must go then (a
+    # noisy serial line waited for the RTO on every loss while the loop slept past it)
+    p, g, c, port, sink = up_pair()
+    out = U.LinkOutput(g, 0)                  # unpaced (UDP)
+    assert g.rack_at < 0 and out.wait_ms(10) == 0
+    g.rack_at = 30
+    assert out.wait_ms(10) == 20 and out.wait_ms(31) == 1
+    paced = U.LinkOutput(g, 11520)
+    paced.start(0)
+    paced.start(10)                           # 10 ms of credit: 115 bytes
+    g.send(U.LK_T_PUB, 1, bytes(400), 0, 400, True)
+    n = paced.next(10)
+    assert n and paced.wrote(n)               # past the credit: the line is busy a while
+    g.rack_at = -1
+    line = paced.wait_ms(10)
+    assert line >= 10
+    g.rack_at = 12                            # due before the line is free: the line's time
+    assert paced.wait_ms(10) == line
+    g.rack_at = 10 + line + 30                # due after it: the timer's
+    assert paced.wait_ms(10) == line + 30
 
 
 def test_best_effort_keeps_the_topics_depth_newest_and_sends_them_in_one_frame():

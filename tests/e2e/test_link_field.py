@@ -8,7 +8,7 @@ figures; its impairments are tools/impair.py, re-exported by tests/support/impai
 "missing" is what the client wrote into its socket that never arrived (a message the client could
 not write within 2 s of its time, the gateway pushing back, is "unsent": not delivered, not
 missing). Shorter than the bench (3 s of offered load, 5 s on a noisy line, an outage 2 s in and
-2 s of stream after it), the outages and noisy lines side by side (TOGETHER); the rates are the
+2 s of stream after it), the outages and the noisy lines side by side (TOGETHER); the rates are the
 issue's: 1,000 msg/s on UDP, 40 msg/s on the 921,600-baud line (about half of it) for the cable
 pull, 100 msg/s (above the line's 90) for the bit error rates, whose target is the line's payload
 share.
@@ -48,11 +48,12 @@ def session_participant(dp: Any) -> None:
     K.use_participant(dp)
 
 
-# Conditions that mostly wait (an outage, a 92 KB/s line) run side by side, each through its own
-# processes and topic, before their tests: the module then costs the longest of them (10 s
-# blackout), not their sum. The rows that assert a latency run alone.
-TOGETHER = {"blackout10": SECONDS, "blackout3": SECONDS, "pull4": SECONDS,
-            "ber1e-3": BER_SECONDS, "ber1e-4": BER_SECONDS}
+# Conditions that mostly wait (a UDP outage; two 92 KB/s lines) run side by side in pairs, each
+# through its own processes and topic, before their tests. The rows that assert a latency, and
+# the cable pull (its re-pairing lost a session once beside four other chains on a machine
+# loaded to 5), run alone.
+TOGETHER = [{"blackout10": SECONDS, "blackout3": SECONDS},
+            {"ber1e-3": BER_SECONDS, "ber1e-4": BER_SECONDS}]
 
 
 def measure(name: str, seconds: float) -> Dict[str, Any]:
@@ -62,7 +63,10 @@ def measure(name: str, seconds: float) -> Dict[str, Any]:
 @pytest.fixture(scope="module")
 def together(dp: Any) -> Dict[str, Outcome]:
     K.use_participant(dp)
-    return side_by_side({n: functools.partial(measure, n, s) for n, s in TOGETHER.items()})
+    out: Dict[str, Outcome] = {}
+    for group in TOGETHER:
+        out.update(side_by_side({n: functools.partial(measure, n, s) for n, s in group.items()}))
+    return out
 
 
 def field(name: str, seconds: float = SECONDS,
@@ -105,8 +109,8 @@ def test_10s_blackout_loses_nothing(together: Dict[str, Outcome]) -> None:
     assert_nothing_lost(field("blackout10", together=together))
 
 
-def test_4s_serial_unplug_loses_nothing(together: Dict[str, Outcome]) -> None:
-    assert_nothing_lost(field("pull4", together=together))
+def test_4s_serial_unplug_loses_nothing() -> None:
+    assert_nothing_lost(field("pull4"))
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -117,17 +121,11 @@ def test_companion_kill9_loses_nothing() -> None:
     assert_nothing_lost(field("kill9"), duplicates_allowed=True)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 20: 6-7 % of the line with frames fitted to the errors (0 % with whole frames; "
-    "optimum 47 %)"))
 def test_ber_1e3_carries_30_percent_of_the_line(together: Dict[str, Outcome]) -> None:
     r = field("ber1e-3", together=together)
     assert r["payload_share"] >= 0.30, LF.fmt(r)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 20: 40-46 % of the line with frames fitted to the errors (11 % with whole "
-    "frames; optimum 80 %)"))
 def test_ber_1e4_carries_60_percent_of_the_line(together: Dict[str, Outcome]) -> None:
     r = field("ber1e-4", together=together)
     assert r["payload_share"] >= 0.60, LF.fmt(r)

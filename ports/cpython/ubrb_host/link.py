@@ -541,9 +541,9 @@ class LinkDriver:
     def wants_write(self) -> bool:
         return self.out.n > 0 or self.t.pending()
 
-    def wait_ms(self) -> int:
-        """Milliseconds until the pacing lets the next frame out (0: now, or unpaced)."""
-        return self.out.wait_ms()
+    def wait_ms(self, now: int) -> int:
+        """Milliseconds until the link has a frame to send (ubrb_min.LinkOutput.wait_ms)."""
+        return self.out.wait_ms(now)
 
     def counters(self) -> Dict[str, int]:
         d: Dict[str, int] = self.s.counters()

@@ -119,9 +119,10 @@ class GatewayServer:
         backlog = [ci for ci, s in enumerate(self.socks) if s is not None and self.gw.backlog(ci)]
         if backlog:
             timeout = 0  # frames are waiting to be handled: do not sleep
-        wait = getattr(self.link, "wait_ms", None)  # a paced link: wake when it may send again
-        if wait is not None and wait():
-            timeout = min(timeout, wait() / 1000.0)
+        wait = getattr(self.link, "wait_ms", None)  # wake when the link may send again
+        w = wait(now) if wait is not None else 0
+        if w:
+            timeout = min(timeout, w / 1000.0)
         accept = False
         for key, events in self.sel.select(timeout):
             kind, ci = key.data
