@@ -58,6 +58,13 @@ Several worlds, one ``/tf_static``
     StaticTransformBroadcaster does with its own transforms). Bounded: ``TF_UNION_MAX_FRAMES``
     child frames and the largest message; past either the frames updated longest ago go.
 
+Releasing a publisher (issue 21)
+    A reliable writer released (its last slot's UNADV, or a session reset) after it wrote is kept
+    until the backend's ``acked(handle, 0)`` says its matched readers acknowledged every sample,
+    or ``DRAIN_MS`` passed, polled from ``poll``; its history stays charged until then. So what
+    the gateway accepted before a client closed or unadvertised reaches ROS. ``close`` waits for
+    them, each up to its deadline.
+
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
     (foreign subscribers only) and calls ``ros_sub_count(slot, count)`` when a slot's count differs
@@ -112,6 +119,11 @@ def _warn(key, msg):
     _repeated.warn(key, int(time.monotonic() * 1000), msg)
 
 
+# A released reliable writer is kept until its matched readers acknowledged what it wrote, or this
+# long (issue 21: a client that closes, or UNADVERTISEs, right after its PONG loses nothing). Polled
+# from the loop, never waited for there; a reader that stopped acknowledging (a killed process)
+# keeps a released writer this long, no longer.
+DRAIN_MS = 2000
 TF_TYPE = "tf2_msgs/msg/TFMessage"
 TF_UNION_MAX_FRAMES = 10000   # child frames a /tf_static union keeps (a robot has tens)
 _LE_HEADER = b"\x00\x01\x00\x00"
@@ -302,6 +314,8 @@ class Companion:
         self._subs = {}
         self._reported = {}       # pub slot -> last count sent
         self._too_large_waiting = set()  # entities with drops not yet reported (loop thread)
+        self._draining = []       # [(deadline ms, _Entity, handle)]: released writers (DRAIN_MS)
+        self._acked = getattr(backend, "acked", None)
 
         self._qlock = threading.Lock()
         self._queue = collections.deque()
@@ -331,7 +345,8 @@ class Companion:
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
-                             "reader_pauses", "qos_incompatible", "history_drops"))
+                             "reader_pauses", "qos_incompatible", "history_drops",
+                             "writers_drained", "drain_timeouts"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -458,6 +473,7 @@ class Companion:
 
     def close(self, close_backend=True):
         self.reset()
+        self._drain(int(time.monotonic() * 1000), wait=True)
         if self.latched is not None:
             self.latched.close()
         if self._diag_handle is not None:
@@ -573,7 +589,16 @@ class Companion:
         if same_kind.get(ent.topic) is ent:
             del same_kind[ent.topic]
         handle, ent.handle = ent.handle, None
-        self.history_used -= ent.history_charge
+        if kind == "pub" and ent.qos[0] and ent.msgs and not self._all_acked(ent, handle, 0):
+            # what it wrote may not have reached its readers yet: destroying the writer now
+            # would lose it (Fast DDS drops it with the writer; Cyclone lingers 1 s at most)
+            now = self._now if self._now is not None else int(time.monotonic() * 1000)
+            self._draining.append((now + DRAIN_MS, ent, handle))
+            return
+        self._destroy(kind, ent, handle)
+
+    def _destroy(self, kind, ent, handle):
+        self.history_used -= ent.history_charge  # held until the DDS entity goes
         ent.history_charge = 0
         try:
             if kind == "pub":
@@ -582,6 +607,36 @@ class Companion:
                 self.backend.destroy_subscription(handle)
         except Exception:
             log.exception("releasing %s %r failed", kind, ent.topic)
+
+    def _all_acked(self, ent, handle, timeout_s):
+        """Has every matched reliable reader acknowledged all ``handle`` wrote (waiting up to
+        ``timeout_s``)? True for a backend that cannot tell, and when asking fails."""
+        if self._acked is None:
+            return True
+        try:
+            return bool(self._acked(handle, timeout_s))
+        except Exception as e:
+            _warn("acked", "%r: cannot ask for acknowledgements: %s" % (ent.topic, e))
+            return True
+
+    def _drain(self, now, wait=False):
+        """Destroy the released writers whose readers acknowledged everything, or whose
+        DRAIN_MS passed. ``wait``: at close, wait for each up to its deadline (the loop is over)."""
+        keep = []
+        for item in self._draining:
+            deadline, ent, handle = item
+            left = (deadline - int(time.monotonic() * 1000)) / 1000.0 if wait else 0
+            if self._all_acked(ent, handle, max(0.0, left)):
+                self.stats["writers_drained"] += 1
+            elif now < deadline and not wait:
+                keep.append(item)
+                continue
+            else:
+                self.stats["drain_timeouts"] += 1
+                _warn("drain", "%r: released with samples its readers had not acknowledged after "
+                      "%d ms; destroyed" % (ent.topic, DRAIN_MS))
+            self._destroy("pub", ent, handle)
+        self._draining = keep
 
     # -- backend thread -> loop thread ---------------------------------------------------------
     def _callback_for(self, ent):
@@ -688,6 +743,8 @@ class Companion:
         if self._next_count is None or now >= self._next_count:
             self._next_count = now + self._count_interval
             self._poll_counts(now)
+        if self._draining:
+            self._drain(now)
         if self.latched is not None:
             self.latched.tick(now)
         if self._diag_period and (self._next_diag is None or now >= self._next_diag):
@@ -824,6 +881,7 @@ class Companion:
         d["max_message"] = self._max_message
         d["history_bytes_reserved"] = self.history_used
         d["history_bytes_limit"] = self.history_limit
+        d["writers_draining"] = len(self._draining)
         d.update(self.stats)
         if self.latched is not None:
             d.update(self.latched.counters())
