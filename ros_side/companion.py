@@ -63,7 +63,7 @@ Releasing a publisher (issue 21)
     until the backend's ``acked(handle, 0)`` says its matched readers acknowledged every sample,
     or ``DRAIN_MS`` passed, polled from ``poll``; its history stays charged until then. So what
     the gateway accepted before a client closed or unadvertised reaches ROS. ``close`` waits for
-    them, each up to its deadline.
+    them, ``DRAIN_MS`` in all.
 
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
@@ -473,7 +473,7 @@ class Companion:
 
     def close(self, close_backend=True):
         self.reset()
-        self._drain(int(time.monotonic() * 1000), wait=True)
+        self._drain_at_close()
         if self.latched is not None:
             self.latched.close()
         if self._diag_handle is not None:
@@ -619,24 +619,37 @@ class Companion:
             _warn("acked", "%r: cannot ask for acknowledgements: %s" % (ent.topic, e))
             return True
 
-    def _drain(self, now, wait=False):
+    def _drain(self, now):
         """Destroy the released writers whose readers acknowledged everything, or whose
-        DRAIN_MS passed. ``wait``: at close, wait for each up to its deadline (the loop is over)."""
+        DRAIN_MS passed (asked, never waited for: this is the loop)."""
         keep = []
         for item in self._draining:
             deadline, ent, handle = item
-            left = (deadline - int(time.monotonic() * 1000)) / 1000.0 if wait else 0
-            if self._all_acked(ent, handle, max(0.0, left)):
+            if self._all_acked(ent, handle, 0):
                 self.stats["writers_drained"] += 1
-            elif now < deadline and not wait:
+            elif now < deadline:
                 keep.append(item)
                 continue
             else:
-                self.stats["drain_timeouts"] += 1
-                _warn("drain", "%r: released with samples its readers had not acknowledged after "
-                      "%d ms; destroyed" % (ent.topic, DRAIN_MS))
+                self._drain_timeout(ent)
             self._destroy("pub", ent, handle)
         self._draining = keep
+
+    def _drain_timeout(self, ent):
+        self.stats["drain_timeouts"] += 1
+        _warn("drain", "%r: its readers had not acknowledged everything %d ms after its release: "
+              "destroyed" % (ent.topic, DRAIN_MS))
+
+    def _drain_at_close(self):
+        """At close (the loop is over): wait for what is still draining, DRAIN_MS in all."""
+        end = time.monotonic() + DRAIN_MS / 1000.0
+        for _, ent, handle in self._draining:
+            if self._all_acked(ent, handle, max(0.0, end - time.monotonic())):
+                self.stats["writers_drained"] += 1
+            else:
+                self._drain_timeout(ent)
+            self._destroy("pub", ent, handle)
+        self._draining = []
 
     # -- backend thread -> loop thread ---------------------------------------------------------
     def _callback_for(self, ent):
