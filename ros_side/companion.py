@@ -61,9 +61,10 @@ Several worlds, one ``/tf_static``
 Releasing a publisher (issue 21)
     A reliable writer released (its last slot's UNADV, or a session reset) after it wrote is kept
     until the backend's ``acked(handle, 0)`` says its matched readers acknowledged every sample,
-    or ``DRAIN_MS`` passed, polled from ``poll``; its history stays charged until then. So what
-    the gateway accepted before a client closed or unadvertised reaches ROS. ``close`` waits for
-    them, ``DRAIN_MS`` in all.
+    or ``DRAIN_MS`` passed, asked every ``DRAIN_CHECK_MS`` from ``poll`` (at most ``DRAIN_MAX`` of
+    them: past it the oldest goes); its history stays charged until then. So what the gateway
+    accepted before a client closed or unadvertised reaches ROS. ``close`` waits for them,
+    ``CLOSE_DRAIN_MS`` in all.
 
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
@@ -120,10 +121,14 @@ def _warn(key, msg):
 
 
 # A released reliable writer is kept until its matched readers acknowledged what it wrote, or this
-# long (issue 21: a client that closes, or UNADVERTISEs, right after its PONG loses nothing). Polled
-# from the loop, never waited for there; a reader that stopped acknowledging (a killed process)
-# keeps a released writer this long, no longer.
-DRAIN_MS = 2000
+# long (issue 21: a client that closes, or UNADVERTISEs, right after its PONG loses nothing): two
+# heartbeat periods of a Fast DDS writer (3 s, rmw_fastrtps' default): a reader that lost the tail
+# of a burst only learns of it from the next heartbeat (a subscriber busy 1.4 s got 25 of 300 with
+# 2 s). A reader that stopped acknowledging (a killed process) keeps a released writer this long.
+DRAIN_MS = 6000
+DRAIN_MAX = 32          # released writers kept at once (registration churn): past it the oldest go
+DRAIN_CHECK_MS = 20     # how often poll() asks them (one backend call each)
+CLOSE_DRAIN_MS = 2000   # at close: how long the companion waits for them in all before it exits
 TF_TYPE = "tf2_msgs/msg/TFMessage"
 TF_UNION_MAX_FRAMES = 10000   # child frames a /tf_static union keeps (a robot has tens)
 _LE_HEADER = b"\x00\x01\x00\x00"
@@ -315,6 +320,7 @@ class Companion:
         self._reported = {}       # pub slot -> last count sent
         self._too_large_waiting = set()  # entities with drops not yet reported (loop thread)
         self._draining = []       # [(deadline ms, _Entity, handle)]: released writers (DRAIN_MS)
+        self._next_drain = 0
         self._acked = getattr(backend, "acked", None)
 
         self._qlock = threading.Lock()
@@ -594,6 +600,10 @@ class Companion:
             # would lose it (Fast DDS drops it with the writer; Cyclone lingers 1 s at most)
             now = self._now if self._now is not None else int(time.monotonic() * 1000)
             self._draining.append((now + DRAIN_MS, ent, handle))
+            if len(self._draining) > DRAIN_MAX:
+                _, old, old_handle = self._draining.pop(0)
+                self._drain_timeout(old, "%d writers released since" % DRAIN_MAX)
+                self._destroy("pub", old, old_handle)
             return
         self._destroy(kind, ent, handle)
 
@@ -631,23 +641,23 @@ class Companion:
                 keep.append(item)
                 continue
             else:
-                self._drain_timeout(ent)
+                self._drain_timeout(ent, "%d ms after its release" % DRAIN_MS)
             self._destroy("pub", ent, handle)
         self._draining = keep
 
-    def _drain_timeout(self, ent):
+    def _drain_timeout(self, ent, when):
         self.stats["drain_timeouts"] += 1
-        _warn("drain", "%r: its readers had not acknowledged everything %d ms after its release: "
-              "destroyed" % (ent.topic, DRAIN_MS))
+        _warn("drain", "%r: released writer destroyed with samples its readers had not "
+              "acknowledged %s" % (ent.topic, when))
 
     def _drain_at_close(self):
-        """At close (the loop is over): wait for what is still draining, DRAIN_MS in all."""
-        end = time.monotonic() + DRAIN_MS / 1000.0
+        """At close (the loop is over): wait for what is still draining, CLOSE_DRAIN_MS in all."""
+        end = time.monotonic() + CLOSE_DRAIN_MS / 1000.0
         for _, ent, handle in self._draining:
             if self._all_acked(ent, handle, max(0.0, end - time.monotonic())):
                 self.stats["writers_drained"] += 1
             else:
-                self._drain_timeout(ent)
+                self._drain_timeout(ent, "when the companion stopped")
             self._destroy("pub", ent, handle)
         self._draining = []
 
@@ -756,7 +766,8 @@ class Companion:
         if self._next_count is None or now >= self._next_count:
             self._next_count = now + self._count_interval
             self._poll_counts(now)
-        if self._draining:
+        if self._draining and now >= self._next_drain:
+            self._next_drain = now + DRAIN_CHECK_MS
             self._drain(now)
         if self.latched is not None:
             self.latched.tick(now)

@@ -9,9 +9,10 @@ reach the subscriber. And a one-shot ``python -m ubrb_client pub`` that exits 0 
 
 Before: the companion destroyed the DDS writer the moment the release record came in, with
 samples its readers had not acknowledged yet. Fast DDS (rclpy backend) drops them with the
-writer (257/500 delivered once, 5/8 one-shot pubs); Cyclone lingers a deleted writer for its
-WriterLingerDuration (1 s), so the dds backend lost only when that passed first; a subscriber
-busy for 1.4 s got 0/50 (and 0 of the one-shot pubs) on both backends. Now the companion keeps a
+writer (0/500 and 257/500 delivered, 5/8 one-shot pubs); Cyclone lingers a deleted writer for
+its WriterLingerDuration (1 s), so the dds backend lost only when that passed first; a
+subscriber busy for 1.4 s got 0-25 of 300 messages of 4 KB (and 0 of the one-shot pubs) on both
+backends. Now the companion keeps a
 released writer until its matched readers acknowledged everything, or ``companion.DRAIN_MS``
 passed, polled from its loop (``Companion._drain``).
 """
@@ -50,20 +51,31 @@ def numbers(peer, k):
 
 
 class Chain:
-    """Gateway process == UDP link == companion process; an rclpy subscriber on Fast DDS."""
+    """Gateway process == UDP link == companion process (direct: ``python -m ros_side
+    --listen``, the gateway core inside the companion); an rclpy subscriber on Fast DDS."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, direct=False):
+        self.backend = backend
         self.env = ros_env(ROS_DISTRO="kilted")
-        link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
-        self.gw = Proc([sys.executable, "ubrb_min.py", "--listen", "127.0.0.1:0", "--link", link,
-                        "--profile", "pc"], env=child_env())
-        self.comp = Proc([ROS_PYTHON if backend == "rclpy" else sys.executable, "-m", "ros_side",
-                          "--backend", backend, "--link", link, "--no-diagnostics"], env=self.env)
-        self.peer = None
+        comp = [ROS_PYTHON if backend == "rclpy" else sys.executable, "-m", "ros_side",
+                "--backend", backend, "--no-diagnostics"]
+        self.gw = self.peer = None
+        if direct:
+            self.comp = Proc(comp + ["--listen", "127.0.0.1:0"], env=self.env)
+        else:
+            link = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+            self.gw = Proc([sys.executable, "ubrb_min.py", "--listen", "127.0.0.1:0", "--link",
+                            link, "--profile", "pc"], env=child_env())
+            self.comp = Proc(comp + ["--link", link], env=self.env)
         try:
-            self.port = int(self.gw.wait_line(r"listening on 127\.0\.0\.1:(\d+)", 30).group(1))
-            self.comp.wait_line(r"companion on link", 60)
-            self.gw.wait_line(r"ROS side up", 30)
+            if direct:
+                self.port = int(self.comp.wait_line(r"UBRB bridge on 127\.0\.0\.1:(\d+)",
+                                                    60).group(1))
+            else:
+                self.port = int(self.gw.wait_line(r"listening on 127\.0\.0\.1:(\d+)",
+                                                  30).group(1))
+                self.comp.wait_line(r"companion on link", 60)
+                self.gw.wait_line(r"ROS side up", 30)
             self.peer = Peer("rclpy", self.env)
         except BaseException:
             self.close()
@@ -90,14 +102,14 @@ class Chain:
         if self.peer is not None:
             self.peer.close()
         self.comp.stop()
-        self.gw.stop()
+        if self.gw is not None:
+            self.gw.stop()
 
 
 @pytest.fixture(params=["dds", "rclpy"], scope="module")
 def chain(request):
     require_ros()
     c = Chain(request.param)
-    c.backend = request.param
     yield c
     c.close()
 
@@ -164,20 +176,37 @@ def test_a_one_shot_pub_that_exits_0_has_delivered(chain):
 
 
 # A subscriber that does not acknowledge for a while (CPU-starved, a debugger, a GC pause):
-# longer than Cyclone lingers a deleted writer (1 s), well within DRAIN_MS.
+# longer than Cyclone lingers a deleted writer (1 s), within DRAIN_MS with room for a Fast DDS
+# writer's heartbeat period (3 s) after it.
 STALL_S = 1.4
 
 
 def test_a_busy_subscriber_still_gets_what_a_closing_client_published(chain):
-    assert 1.0 < STALL_S < getattr(companion, "DRAIN_MS", 2000) / 1000.0
-    n = 50
-    topic = "/i21_stall_%s" % chain.backend
+    busy_subscriber_and_closing_client(chain, "/i21_stall_%s" % chain.backend)
+
+
+@pytest.mark.parametrize("backend", ["dds", "rclpy"])
+def test_the_same_in_direct_mode(backend):
+    require_ros()
+    chain = Chain(backend, direct=True)
+    try:
+        busy_subscriber_and_closing_client(chain, "/i21_direct_%s" % backend)
+    finally:
+        chain.close()
+
+
+def busy_subscriber_and_closing_client(chain, topic):
+    assert 1.0 < STALL_S < getattr(companion, "DRAIN_MS", 6000) / 1000.0 - 3.0
+    # 1.2 MB: more than the stopped subscriber's socket buffer holds, so most of it must be sent
+    # again once it runs: only a writer that still exists can (with 50 small ones, all in the
+    # buffer, Cyclone's 1 s linger sometimes sufficed)
+    n, size = 300, 4000
     k = chain.subscriber(topic)
     c = chain.client(topic)
     os.kill(chain.peer.proc.pid, signal.SIGSTOP)
     t0 = time.monotonic()
     try:
-        publish_and_sync(c, n)
+        publish_and_sync(c, n, size)
         c.close()
         time.sleep(max(0.0, STALL_S - (time.monotonic() - t0)))  # the stall is the scenario
     finally:

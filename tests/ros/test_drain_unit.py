@@ -3,7 +3,8 @@ destroyed only once the backend says its readers acknowledged everything it wrot
 after the release; the loop only ever asks (timeout 0). The real thing, through the gateway and
 both backends: test_closing_client.py."""
 
-from ros_side.companion import DRAIN_MS, Companion
+from ros_side.companion import (CLOSE_DRAIN_MS, DRAIN_CHECK_MS, DRAIN_MAX, DRAIN_MS,
+                                 Companion)
 from tests.support.fake_backend import FakeBackend
 from tests.support.qos import QOS_R
 
@@ -62,7 +63,7 @@ def test_a_reader_that_never_acknowledges_holds_it_drain_ms_no_longer(sink):
     c.unadvertise(1)                                # at 1000
     c.poll(1000 + DRAIN_MS - 1)
     assert h not in b.destroyed
-    c.poll(1000 + DRAIN_MS)
+    c.poll(1000 + DRAIN_MS - 1 + DRAIN_CHECK_MS)
     assert b.destroyed == [h]
     assert c.diagnostics()["drain_timeouts"] == 1
     assert c.history_used == 0
@@ -104,4 +105,17 @@ def test_a_session_reset_drains_too_and_close_waits_for_what_is_left(sink):
     assert h not in b.destroyed
     c.close()
     assert b.destroyed == [h]
-    assert 0 < b.waits[-1] <= DRAIN_MS / 1000.0     # the loop is over: close may wait
+    assert 0 < b.waits[-1] <= CLOSE_DRAIN_MS / 1000.0  # the loop is over: close may wait
+
+
+def test_registration_churn_keeps_at_most_drain_max_released_writers(sink):
+    b = AckingBackend()
+    c = Companion(b, sink, diagnostics_period_ms=0)
+    c.poll(1000)
+    for i in range(DRAIN_MAX + 3):
+        c.advertise(i, "/churn%d" % i, T, QOS_R)
+        c.publish(i, DATA, 0, len(DATA), True)
+        c.unadvertise(i)
+    assert c.diagnostics()["writers_draining"] == DRAIN_MAX
+    assert b.destroyed == b.created[:3]             # the oldest went
+    assert c.diagnostics()["drain_timeouts"] == 3
