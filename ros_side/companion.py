@@ -533,6 +533,8 @@ class Companion:
             return
         ent = same_kind.get(topic)
         if ent is None:
+            if self._draining:
+                self._end_drains(topic, ros_type)
             ent = _Entity(kind, topic, ros_type, q, None)
             try:
                 if kind == "pub":
@@ -643,6 +645,19 @@ class Companion:
             else:
                 self._drain_timeout(ent, "%d ms after its release" % DRAIN_MS)
             self._destroy("pub", ent, handle)
+        self._draining = keep
+
+    def _end_drains(self, topic, ros_type):
+        """A new entity on ``topic`` with another type: the released writers of the old one go
+        now (DDS has one type per topic in a participant: the new one would be refused)."""
+        keep = []
+        for item in self._draining:
+            ent = item[1]
+            if ent.topic == topic and ent.type != ros_type:
+                self._drain_timeout(ent, "when %s was registered again as %s" % (topic, ros_type))
+                self._destroy("pub", ent, item[2])
+            else:
+                keep.append(item)
         self._draining = keep
 
     def _drain_timeout(self, ent, when):

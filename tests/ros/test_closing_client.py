@@ -233,3 +233,27 @@ def test_a_one_shot_pub_waiting_for_a_subscriber_that_never_comes_publishes_noth
     code, text = one_shot_pub(chain, "/i21_nobody_%s" % chain.backend, "x", "--wait", "1")
     assert code == 1 and text.count("\n") == 1, text
     assert "counted 0 subscriber(s)" in text and "nothing was published" in text, text
+
+
+def test_the_topic_takes_another_type_while_its_released_writer_waits(chain):
+    # the released writer waits for a stopped subscriber; a new publisher of the topic with
+    # another type must not be refused meanwhile (DDS: one type per topic in a participant)
+    topic = "/i21_retype_%s" % chain.backend
+    chain.subscriber(topic)
+    c = chain.client(topic)
+    os.kill(chain.peer.proc.pid, signal.SIGSTOP)
+    try:
+        publish_and_sync(c, 50)
+        c.close()
+        c2 = RawClient(chain.port, timeout=10)
+        c2.hello("retype")
+        c2.expect(U.OP_HELLO_ACK)
+        c2.advertise(1, topic, "std_msgs/msg/Int32", Q)
+        while True:
+            op, p = c2.recv_frame(15)
+            assert op != U.OP_ERROR, p
+            if op == U.OP_SUB_COUNT:      # the ROS side created the publisher
+                break
+        c2.close()
+    finally:
+        os.kill(chain.peer.proc.pid, signal.SIGCONT)

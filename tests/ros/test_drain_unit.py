@@ -119,3 +119,12 @@ def test_registration_churn_keeps_at_most_drain_max_released_writers(sink):
     assert c.diagnostics()["writers_draining"] == DRAIN_MAX
     assert b.destroyed == b.created[:3]             # the oldest went
     assert c.diagnostics()["drain_timeouts"] == 3
+
+
+def test_the_topic_registered_again_with_another_type_ends_the_drain(sink):
+    b, c, old = advertised(sink)
+    c.publish(1, DATA, 0, len(DATA), True)
+    c.unadvertise(1)
+    c.subscribe(3, "/a", "std_msgs/msg/Int32", QOS_R)   # DDS: one type per topic
+    assert b.destroyed == [old]
+    assert sink.results()[-1] == ("sub", 3, None)
