@@ -9,7 +9,7 @@ reach the subscriber. And a one-shot ``python -m ubrb_client pub`` that exits 0 
 
 Before: the companion destroyed the DDS writer the moment the release record came in, with
 samples its readers had not acknowledged yet. Fast DDS (rclpy backend) drops them with the
-writer (0/500 and 257/500 delivered, 5/8 one-shot pubs); Cyclone lingers a deleted writer for
+writer (0/500 and 257/500 delivered, 17/20 images of 200 KB, 5/8 one-shot pubs); Cyclone lingers a deleted writer for
 its WriterLingerDuration (1 s), so the dds backend lost only when that passed first; a
 subscriber busy for 1.4 s got 0-25 of 300 messages of 4 KB (and 0 of the one-shot pubs) on both
 backends. Now the companion keeps a
