@@ -58,6 +58,14 @@ Several worlds, one ``/tf_static``
     StaticTransformBroadcaster does with its own transforms). Bounded: ``TF_UNION_MAX_FRAMES``
     child frames and the largest message; past either the frames updated longest ago go.
 
+Releasing a publisher (issue 21)
+    A reliable writer released (its last slot's UNADV, or a session reset) after it wrote is kept
+    until the backend's ``acked(handle, 0)`` says its matched readers acknowledged every sample,
+    or ``DRAIN_MS`` passed, asked every ``DRAIN_CHECK_MS`` from ``poll`` (at most ``DRAIN_MAX`` of
+    them: past it the oldest goes); its history stays charged until then. So what the gateway
+    accepted before a client closed or unadvertised reaches ROS. ``close`` waits for them,
+    ``CLOSE_DRAIN_MS`` in all.
+
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
     (foreign subscribers only) and calls ``ros_sub_count(slot, count)`` when a slot's count differs
@@ -112,6 +120,15 @@ def _warn(key, msg):
     _repeated.warn(key, int(time.monotonic() * 1000), msg)
 
 
+# A released reliable writer is kept until its matched readers acknowledged what it wrote, or this
+# long (issue 21: a client that closes, or UNADVERTISEs, right after its PONG loses nothing): two
+# heartbeat periods of a Fast DDS writer (3 s, rmw_fastrtps' default): a reader that lost the tail
+# of a burst only learns of it from the next heartbeat (a subscriber busy 1.4 s got 25 of 300 with
+# 2 s). A reader that stopped acknowledging (a killed process) keeps a released writer this long.
+DRAIN_MS = 6000
+DRAIN_MAX = 32          # released writers kept at once (registration churn): past it the oldest go
+DRAIN_CHECK_MS = 20     # how often poll() asks them (one backend call each)
+CLOSE_DRAIN_MS = 2000   # at close: how long the companion waits for them in all before it exits
 TF_TYPE = "tf2_msgs/msg/TFMessage"
 TF_UNION_MAX_FRAMES = 10000   # child frames a /tf_static union keeps (a robot has tens)
 _LE_HEADER = b"\x00\x01\x00\x00"
@@ -302,6 +319,9 @@ class Companion:
         self._subs = {}
         self._reported = {}       # pub slot -> last count sent
         self._too_large_waiting = set()  # entities with drops not yet reported (loop thread)
+        self._draining = []       # [(deadline ms, _Entity, handle)]: released writers (DRAIN_MS)
+        self._next_drain = 0
+        self._acked = getattr(backend, "acked", None)
 
         self._qlock = threading.Lock()
         self._queue = collections.deque()
@@ -331,7 +351,8 @@ class Companion:
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
-                             "reader_pauses", "qos_incompatible", "history_drops"))
+                             "reader_pauses", "qos_incompatible", "history_drops",
+                             "writers_drained", "drain_timeouts"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -458,6 +479,7 @@ class Companion:
 
     def close(self, close_backend=True):
         self.reset()
+        self._drain_at_close()
         if self.latched is not None:
             self.latched.close()
         if self._diag_handle is not None:
@@ -511,6 +533,8 @@ class Companion:
             return
         ent = same_kind.get(topic)
         if ent is None:
+            if self._draining:
+                self._end_drains(topic, ros_type)
             ent = _Entity(kind, topic, ros_type, q, None)
             try:
                 if kind == "pub":
@@ -573,7 +597,20 @@ class Companion:
         if same_kind.get(ent.topic) is ent:
             del same_kind[ent.topic]
         handle, ent.handle = ent.handle, None
-        self.history_used -= ent.history_charge
+        if kind == "pub" and ent.qos[0] and ent.msgs and not self._all_acked(ent, handle, 0):
+            # what it wrote may not have reached its readers yet: destroying the writer now
+            # would lose it (Fast DDS drops it with the writer; Cyclone lingers 1 s at most)
+            now = self._now if self._now is not None else int(time.monotonic() * 1000)
+            self._draining.append((now + DRAIN_MS, ent, handle))
+            if len(self._draining) > DRAIN_MAX:
+                _, old, old_handle = self._draining.pop(0)
+                self._drain_timeout(old, "%d writers released since" % DRAIN_MAX)
+                self._destroy("pub", old, old_handle)
+            return
+        self._destroy(kind, ent, handle)
+
+    def _destroy(self, kind, ent, handle):
+        self.history_used -= ent.history_charge  # held until the DDS entity goes
         ent.history_charge = 0
         try:
             if kind == "pub":
@@ -582,6 +619,62 @@ class Companion:
                 self.backend.destroy_subscription(handle)
         except Exception:
             log.exception("releasing %s %r failed", kind, ent.topic)
+
+    def _all_acked(self, ent, handle, timeout_s):
+        """Has every matched reliable reader acknowledged all ``handle`` wrote (waiting up to
+        ``timeout_s``)? True for a backend that cannot tell, and when asking fails."""
+        if self._acked is None:
+            return True
+        try:
+            return bool(self._acked(handle, timeout_s))
+        except Exception as e:
+            _warn("acked", "%r: cannot ask for acknowledgements: %s" % (ent.topic, e))
+            return True
+
+    def _drain(self, now):
+        """Destroy the released writers whose readers acknowledged everything, or whose
+        DRAIN_MS passed (asked, never waited for: this is the loop)."""
+        keep = []
+        for item in self._draining:
+            deadline, ent, handle = item
+            if self._all_acked(ent, handle, 0):
+                self.stats["writers_drained"] += 1
+            elif now < deadline:
+                keep.append(item)
+                continue
+            else:
+                self._drain_timeout(ent, "%d ms after its release" % DRAIN_MS)
+            self._destroy("pub", ent, handle)
+        self._draining = keep
+
+    def _end_drains(self, topic, ros_type):
+        """A new entity on ``topic`` with another type: the released writers of the old one go
+        now (DDS has one type per topic in a participant: the new one would be refused)."""
+        keep = []
+        for item in self._draining:
+            ent = item[1]
+            if ent.topic == topic and ent.type != ros_type:
+                self._drain_timeout(ent, "when %s was registered again as %s" % (topic, ros_type))
+                self._destroy("pub", ent, item[2])
+            else:
+                keep.append(item)
+        self._draining = keep
+
+    def _drain_timeout(self, ent, when):
+        self.stats["drain_timeouts"] += 1
+        _warn("drain", "%r: released writer destroyed with samples its readers had not "
+              "acknowledged %s" % (ent.topic, when))
+
+    def _drain_at_close(self):
+        """At close (the loop is over): wait for what is still draining, CLOSE_DRAIN_MS in all."""
+        end = time.monotonic() + CLOSE_DRAIN_MS / 1000.0
+        for _, ent, handle in self._draining:
+            if self._all_acked(ent, handle, max(0.0, end - time.monotonic())):
+                self.stats["writers_drained"] += 1
+            else:
+                self._drain_timeout(ent, "when the companion stopped")
+            self._destroy("pub", ent, handle)
+        self._draining = []
 
     # -- backend thread -> loop thread ---------------------------------------------------------
     def _callback_for(self, ent):
@@ -688,6 +781,9 @@ class Companion:
         if self._next_count is None or now >= self._next_count:
             self._next_count = now + self._count_interval
             self._poll_counts(now)
+        if self._draining and now >= self._next_drain:
+            self._next_drain = now + DRAIN_CHECK_MS
+            self._drain(now)
         if self.latched is not None:
             self.latched.tick(now)
         if self._diag_period and (self._next_diag is None or now >= self._next_diag):
@@ -824,6 +920,7 @@ class Companion:
         d["max_message"] = self._max_message
         d["history_bytes_reserved"] = self.history_used
         d["history_bytes_limit"] = self.history_limit
+        d["writers_draining"] = len(self._draining)
         d.update(self.stats)
         if self.latched is not None:
             d.update(self.latched.counters())

@@ -233,8 +233,25 @@ def cmd_pub(args) -> int:
             print(f"pub: the bridge at {args.server} {absent}: nothing was published",
                   file=sys.stderr)
             return 1
+        # --wait-matching N (ros2 topic pub -w): publish once the bridge counts N subscribers,
+        # so a subscriber it has not discovered yet does not miss a one-shot message
+        while args.wait_matching and (pub.subscriber_count or 0) < args.wait_matching:
+            e = _refusal(c, pub.id)
+            if e is not None:
+                print(f"pub: the bridge refused {args.topic}: {e.code}: {e.message}",
+                      file=sys.stderr)
+                return 1
+            if stop.event.is_set():
+                return 130
+            if time.monotonic() >= t0 + args.wait:
+                print(f"pub: the bridge counted {pub.subscriber_count or 0} subscriber(s) of "
+                      f"{args.topic} within {args.wait:g} s, not the {args.wait_matching} of "
+                      f"--wait-matching: nothing was published", file=sys.stderr)
+                return 1
+            stop.event.wait(0.02)
         once = not args.rate
         count = args.count if args.count else (1 if once else 0)
+        epoch = c.proto.epoch   # what goes out from here on must be answered on this connection
         period = 1.0 / args.rate if args.rate else 0.0
         n = 0
         next_t = time.monotonic()
@@ -254,9 +271,11 @@ def cmd_pub(args) -> int:
             next_t += period
             stop.event.wait(max(0.0, next_t - time.monotonic()))
         # Flushed: the bridge answered a PING sent after the last PUBLISH.
-        if not c.sync(args.wait):
-            print(f"pub: could not confirm delivery to the bridge at {args.server} "
-                  f"({_reason(c)})", file=sys.stderr)
+        if not c.sync(args.wait) or c.proto.epoch != epoch:
+            # (a connection that ended meanwhile may have taken PUBLISHes the bridge never read)
+            why = _reason(c) if c.proto.epoch == epoch else "reconnected while publishing"
+            print(f"pub: could not confirm delivery to the bridge at {args.server} ({why})",
+                  file=sys.stderr)
             return 1
         # The ROS side answers the ADVERTISE on its own time: a subscriber count means it
         # created the publisher, an ERROR that it refused it (and dropped what was published).
@@ -529,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=host_cli.duration, default=10.0, metavar="S",
                    help="max seconds to wait for the connection and the bridge's ROS side / "
                         "the final flush (default 10)")
+    p.add_argument("-w", "--wait-matching", type=_count, default=0, metavar="N",
+                   help="publish only once the bridge counts N subscribers (within --wait; "
+                        "as ros2 topic pub -w; default 0: at once)")
     _add_qos(p, "reliable")
     p.set_defaults(func=cmd_pub)
 

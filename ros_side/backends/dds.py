@@ -448,6 +448,21 @@ class DdsBackend:
         if ret < 0:
             raise DDSException(ret, "ddspy_write on %s" % handle.topic)
 
+    def acked(self, handle, timeout_s=0.0):
+        """Has every matched reliable reader acknowledged all this writer wrote? Waits up to
+        ``timeout_s`` (0: just asks). The binding's ``DataWriter.wait_for_acks`` raises
+        AttributeError instead of returning False on a timeout (cyclonedds-python 11.0.1 names
+        ``Exception.DDS_RETCODE_TIMEOUT``), so its C call is made directly."""
+        w = handle.writer
+        if w is None:
+            return True
+        ret = w._wait_for_acks(w._ref, int(timeout_s * 1e9))
+        if ret == DDSException.DDS_RETCODE_TIMEOUT:
+            return False
+        if ret < 0:
+            raise DDSException(ret, "dds_wait_for_acks on %s" % handle.topic)
+        return True
+
     def subscription_count(self, handle):
         """Matched readers of this writer, minus this participant's own readers."""
         w = handle.writer

@@ -13,6 +13,8 @@ used (see shared/design/ROS-NOTES.md):
 * ``Node.create_publisher(cls, topic, QoSProfile)`` and ``Publisher.publish(bytes)`` (serialized
   CDR incl. the 4-byte header; rclpy wants ``bytes``, not bytearray/memoryview);
 * ``Node.create_subscription(cls, topic, cb, QoSProfile, raw=True)``: ``cb(bytes)``;
+* ``Publisher.wait_for_all_acked(Duration)`` (timeout 0: asks without waiting): a released
+  publisher is destroyed once its subscriptions acknowledged everything (Companion, DRAIN_MS);
 * ``Publisher.get_subscription_count()`` counts every matched subscription, including this node's
   own ones on that topic: they are subtracted (a own subscription with incompatible QoS would not
   be matched, so the result is clamped at 0);
@@ -149,12 +151,14 @@ class RclpyBackend:
     def __init__(self, node_name="ros_side", domain=None, context=None, args=None,
                  node_namespace="/"):
         import rclpy
+        from rclpy.duration import Duration
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
         from rclpy.validate_full_topic_name import validate_full_topic_name
         from rclpy.exceptions import InvalidTopicNameException
 
         self._rclpy = rclpy
+        self._Duration = Duration
         self._QoSProfile = QoSProfile
         self._Reliability = ReliabilityPolicy
         self._Durability = DurabilityPolicy
@@ -273,6 +277,16 @@ class RclpyBackend:
         pub = handle.pub
         if pub is not None:
             pub.publish(data if type(data) is bytes else bytes(data))
+
+    def acked(self, handle, timeout_s=0.0):
+        """Has every matched reliable subscription acknowledged all this publisher published
+        (``Publisher.wait_for_all_acked``, Galactic and later; waits up to ``timeout_s``, 0:
+        just asks)? True on an rclpy without it: nothing to wait for."""
+        pub = handle.pub
+        wait = getattr(pub, "wait_for_all_acked", None)
+        if wait is None:
+            return True
+        return wait(self._Duration(nanoseconds=int(timeout_s * 1e9)))
 
     def subscription_count(self, handle):
         pub = handle.pub

@@ -160,3 +160,19 @@ def test_sim_reacts_to_cmd_vel_and_stops(bridge):
     finally:
         sim.send_signal(signal.SIGTERM)
         assert sim.wait(5) == 0
+
+
+def test_pub_does_not_exit_0_when_its_connection_was_lost_while_publishing(bridge):
+    # issue 21: PUBLISHes written to a connection that ended may never have been read; a PONG
+    # on the next connection says nothing about them
+    bridge.auto_pong = False
+    pub = cli(bridge, "pub", "/chatter", "std_msgs/msg/String", "{data: hi}", "--rate", "20",
+              "--count", "20", "-q")
+    first = bridge.last
+    assert bridge.wait(lambda: sum(f[0] == "PUBLISH" for f in first.frames) >= 3, 10)
+    first.kill()
+    bridge.auto_pong = True
+    out, err = pub.communicate(timeout=20)
+    assert len(bridge.conns) == 2, "the client did not reconnect"
+    assert pub.returncode == 1 and "reconnected while publishing" in err, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
