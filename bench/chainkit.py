@@ -596,10 +596,16 @@ def _dds_writer_main(a: argparse.Namespace) -> int:
     from cyclonedds.pub import DataWriter
     from cyclonedds.util import duration
 
-    from ros_side.backends.dds import make_qos
-    # The very QoS the companion's writer has for the chain's topic (reliable, volatile, depth
-    # 10: KEEP_LAST(10), XCDR1, ...), so both paths write into DDS the same way.
-    w = DataWriter(participant(), string_topic(a.topic), qos=make_qos(QOS_R, True))
+    from cyclonedds.domain import Domain
+
+    from ros_side.backends.dds import build_config, make_qos
+    # The very Cyclone configuration (this run's loopback one plus the companion's own settings:
+    # fragment size, heartbeats) and QoS (reliable, volatile, depth 10: KEEP_LAST(10), XCDR1,
+    # ...) the companion's writer has for the chain's topic, so both paths write into DDS the
+    # same way.
+    domain = Domain(DOMAIN, build_config())  # noqa: F841  (held: the domain lives while it is)
+    w = DataWriter(participant(), string_topic(a.topic),
+                   qos=make_qos(dict(QOS_R, depth=a.depth or QOS_R["depth"]), True))
     if not wait_for(lambda: matched(w) > 0, 20.0):
         print("no reader matched", flush=True)
         return 1
@@ -650,6 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--topic", required=True)
     d.add_argument("--count", type=host_cli.positive_int, required=True)
     d.add_argument("--size", type=host_cli.positive_int, default=1024)
+    d.add_argument("--depth", type=host_cli.positive_int, default=0,
+                   help="the writer's KEEP_LAST depth (default: the companion's, 10)")
     d.set_defaults(func=_dds_writer_main)
     u = sub.add_parser(
         "ubrb-writer", help="one UBRB client of the chain",
