@@ -16,6 +16,14 @@ message), with the whole run's rate (first write to last arrival) beside it.
 
     .venv/bin/python bench/chain_throughput.py [--count 20000] [--clients 5] [--per-client 4000]
         [--link-mtu 1400,8192]
+    .venv/bin/python bench/chain_throughput.py --mib [--count 200]
+
+``--mib``: 1 MiB messages (a camera's or a point cloud's size) from one client, figures in MB/s:
+the largest rate the chain sustains with the client sending as fast as TCP takes them, beside
+the bare DDS writer -> reader's. The bare writer then keeps the whole run in its history
+(KEEP_LAST(count)) so that nothing is overwritten: its figure is what the reader sustains,
+lossless (with the companion's depth 10 a writer faster than its reader replaces samples); the
+chain's companion writer keeps the topic's depth 10, fed at the link's pace.
 
 Needs socat (Debian: apt-get install socat; CI needs the same); without it that row is skipped
 and says so. Bounded: every phase has a deadline (--timeout).
@@ -105,10 +113,12 @@ def run_chain(chain: K.Chain, topic: str, clients: int, per_client: int, size: i
         reader.__del__()
 
 
-def run_bare_dds(topic: str, count: int, size: int, timeout: float) -> Dict[str, Any]:
+def run_bare_dds(topic: str, count: int, size: int, timeout: float,
+                 depth: int = 0) -> Dict[str, Any]:
     reader = K.dds_reader(topic)
     w = K.Proc([sys.executable, os.path.join(K.ROOT, "bench", "chainkit.py"), "dds-writer",
-                "--topic", topic, "--count", str(count), "--size", str(size)])
+                "--topic", topic, "--count", str(count), "--size", str(size)]
+               + (["--depth", str(depth)] if depth else []))
     try:
         K.wait_for(lambda: K.matched(reader) >= 1, 20.0)
         cpu0 = K.cpu_s(w.pid)
@@ -183,10 +193,13 @@ def run_socat(count: int, size: int, timeout: float) -> Dict[str, Any]:
         sink.close()
 
 
-def fmt(r: Dict[str, Any]) -> str:
+def fmt(r: Dict[str, Any], size: int = 0) -> str:
     if "skipped" in r:
         return "skipped: " + r["skipped"]
     s = "%9.0f msg/s  delivered %d" % (r.get("per_s", 0.0), r.get("delivered", 0))
+    if size:
+        s = "%7.1f MB/s (%.1f msg/s)  delivered %d" % (r.get("per_s", 0.0) * size / 1e6,
+                                                       r.get("per_s", 0.0), r.get("delivered", 0))
     if "whole_per_s" in r:
         s += " (whole run %.0f/s)" % r["whole_per_s"]
     for k in ("lost", "duplicates", "out_of_order"):
@@ -211,18 +224,26 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024, help="CDR bytes per message (1024)")
     ap.add_argument("--timeout", type=host_cli.duration, default=60.0,
                     help="deadline of each phase, s")
+    ap.add_argument("--mib", action="store_true",
+                    help="1 MiB messages from one client, in MB/s (--count 200 unless given)")
     ap.add_argument("--link-mtu", default=str(1400),
                     help="comma-separated --link-mtu values, each a chain of its own on both "
                          "ends, in this run (e.g. 1400,8192)")
     a = ap.parse_args(argv)
     mtus = [int(m) for m in a.link_mtu.split(",") if m.strip()]
+    mb = 0                                # bytes a message when figures are in MB/s
+    if a.mib:
+        a.size, a.clients, mb = 1 << 20, 0, 1 << 20
+        if "--count" not in (argv if argv is not None else sys.argv):
+            a.count = 200
 
-    print("chain throughput, reliable %d B std_msgs/String, DDS domain %d (loopback only)"
-          % (a.size, K.DOMAIN))
-    bare = run_bare_dds("/bench/bare", a.count, a.size, a.timeout)
-    print("  bare cyclonedds writer -> reader    %s" % fmt(bare))
-    relay = run_socat(a.count, a.size, a.timeout)
-    print("  socat TCP byte relay (same bytes)   %s" % fmt(relay))
+    print("chain throughput, reliable %d B std_msgs/String, DDS domain %d (loopback only); "
+          "load %.2f" % (a.size, K.DOMAIN, os.getloadavg()[0]))
+    bare = run_bare_dds("/bench/bare", a.count, a.size, a.timeout, a.count if mb else 0)
+    print("  bare cyclonedds writer -> reader    %s" % fmt(bare, mb))
+    if not mb:
+        relay = run_socat(a.count, a.size, a.timeout)
+        print("  socat TCP byte relay (same bytes)   %s" % fmt(relay))
     one: Dict[str, Any] = {}
     for mi, mtu in enumerate(mtus):
         flags = ("--link-mtu", str(mtu))
@@ -230,7 +251,7 @@ def main(argv: List[str] | None = None) -> int:
         chain = K.Chain(gateway_args=flags, companion_args=flags)
         try:
             r = run_chain(chain, "/bench/one%d" % mtu, 1, a.count, a.size, a.timeout)
-            print("  chain, 1 client x %-6d            %s" % (a.count, fmt(r)))
+            print("  chain, 1 client x %-6d            %s" % (a.count, fmt(r, mb)))
             if mi == 0:
                 one = r                   # the first MTU's figure is compared with bare DDS
             if a.clients:
@@ -245,7 +266,11 @@ def main(argv: List[str] | None = None) -> int:
             print("  gateway link counters: " + ", ".join(
                 "%s=%s" % (k, lc[k]) for k in ("tx_frames", "retx", "timeouts", "fast_retx",
                                               "drop_rel_full", "drop_be") if k in lc))
-    if bare.get("per_s"):
+    if bare.get("per_s") and mb:
+        print("  1 MiB messages: chain %.1f MB/s, bare DDS %.1f MB/s (steady rates): %.2f of bare "
+              "DDS; lost %d" % (one.get("per_s", 0) * mb / 1e6, bare["per_s"] * mb / 1e6,
+                                one.get("per_s", 0) / bare["per_s"], one.get("lost", -1)))
+    elif bare.get("per_s"):
         ratio = one.get("per_s", 0) / bare["per_s"]
         met = ratio >= 0.5 and one.get("lost", 1) == 0
         print("  chain/bare = %.2f (steady rates), lost %d (goal: >= 0.5 and 0 lost: %s)"

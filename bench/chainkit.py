@@ -137,9 +137,10 @@ def tag_of(cdr: bytes) -> Tuple[int, int]:
 class Proc:
     """A subprocess whose stdout+stderr is collected line by line in the background."""
 
-    def __init__(self, argv: List[str]) -> None:
+    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None) -> None:
         self.argv = argv
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env or child_env(),
+                                     stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      bufsize=1)
         self.lines: List[str] = []
@@ -262,16 +263,22 @@ class Chain:
 
     ``line``: a PtyLine of the caller's (e.g. tools/impair.BerLine) instead of a PacedLine;
     ``udp_via(companion_port)``: the UDP port the gateway sends to instead of the companion's
-    (a proxy's, e.g. tools/impair.UdpImpairProxy). The chain closes a line it was given."""
+    (a proxy's, e.g. tools/impair.UdpImpairProxy). The chain closes a line it was given.
+    ``backend``, ``python``, ``env``, ``domain``: the companion's backend, interpreter (the
+    rclpy backend needs the Kilted venv's), environment and DDS domain (a real-ROS test's, e.g.
+    tests/support/ros_procs.ros_env: Fast DDS peers do not carry this run's Cyclone tag)."""
 
     def __init__(self, baud: Optional[int] = None, gateway_args: Tuple[str, ...] = (),
                  companion_args: Tuple[str, ...] = (), line: Optional[PtyLine] = None,
-                 udp_via: Optional[Callable[[int], int]] = None) -> None:
+                 udp_via: Optional[Callable[[int], int]] = None, backend: str = "dds",
+                 python: str = sys.executable, env: Optional[Dict[str, str]] = None,
+                 domain: int = DOMAIN) -> None:
         # a PacedLine (its .sniff) unless the caller gave its own line
         self.line: Any = line
         self.gw: Optional[Proc] = None
         self.comp: Optional[Proc] = None
         self.port = free_port()
+        self.env = env
         py = sys.executable
         try:
             if baud is None:
@@ -285,13 +292,13 @@ class Chain:
                     self.line = PacedLine(baud)
                 gw_link, comp_link = self.line.url("gw"), self.line.url("comp")
                 serial = ("--baud", str(baud))
-            self.comp_argv = [py, "-m", "ros_side", "--backend", "dds", "--domain", str(DOMAIN),
+            self.comp_argv = [python, "-m", "ros_side", "--backend", backend, "--domain", str(domain),
                               "--link", comp_link, *serial, *companion_args]
             self.start_companion()
             # every bench client connects from 127.0.0.1: let it use every client slot
             self.gw = Proc([py, "ubrb_min.py", "--listen", "127.0.0.1:%d" % self.port,
                             "--link", gw_link, *serial, "--max-clients-per-address", "8",
-                            *gateway_args])
+                            *gateway_args], env)
             wait_for(self._accepting, 20.0)
             # it serves clients at once: the chain is ready once the gateway's link is up
             self.gw.wait_line(r"ROS side up", 20.0)
@@ -301,7 +308,7 @@ class Chain:
 
     def start_companion(self) -> None:
         """(Re)start the companion: a new process, the same link address."""
-        self.comp = Proc(self.comp_argv)
+        self.comp = Proc(self.comp_argv, self.env)
         self.comp.wait_line(r"companion on link")
 
     def _accepting(self) -> bool:
@@ -589,10 +596,16 @@ def _dds_writer_main(a: argparse.Namespace) -> int:
     from cyclonedds.pub import DataWriter
     from cyclonedds.util import duration
 
-    from ros_side.backends.dds import make_qos
-    # The very QoS the companion's writer has for the chain's topic (reliable, volatile, depth
-    # 10: KEEP_LAST(10), XCDR1, ...), so both paths write into DDS the same way.
-    w = DataWriter(participant(), string_topic(a.topic), qos=make_qos(QOS_R, True))
+    from cyclonedds.domain import Domain
+
+    from ros_side.backends.dds import build_config, make_qos
+    # The very Cyclone configuration (this run's loopback one plus the companion's own settings:
+    # fragment size, heartbeats) and QoS (reliable, volatile, depth 10: KEEP_LAST(10), XCDR1,
+    # ...) the companion's writer has for the chain's topic, so both paths write into DDS the
+    # same way.
+    domain = Domain(DOMAIN, build_config())  # noqa: F841  (held: the domain lives while it is)
+    w = DataWriter(participant(), string_topic(a.topic),
+                   qos=make_qos(dict(QOS_R, depth=a.depth or QOS_R["depth"]), True))
     if not wait_for(lambda: matched(w) > 0, 20.0):
         print("no reader matched", flush=True)
         return 1
@@ -643,6 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--topic", required=True)
     d.add_argument("--count", type=host_cli.positive_int, required=True)
     d.add_argument("--size", type=host_cli.positive_int, default=1024)
+    d.add_argument("--depth", type=host_cli.positive_int, default=0,
+                   help="the writer's KEEP_LAST depth (default: the companion's, 10)")
     d.set_defaults(func=_dds_writer_main)
     u = sub.add_parser(
         "ubrb-writer", help="one UBRB client of the chain",

@@ -7,6 +7,9 @@ Both speak the same protocol, so the same test drives either kind of peer. Reque
 object a line, each answered by ``{"re": seq, ...}``):
 
     {"op": "pub"|"sub", "id": K, "topic": T, "type": "pkg/msg/T", "qos": {...}}
+                                                   a ``sub`` may add "head": N: its events then
+                                                   carry the first N bytes and "size" (a camera
+                                                   stream's 30 MB/s is not hex-dumped)
     {"op": "write", "id": K, "data": HEX}          raw CDR (4-byte header included)
     {"op": "count", "id": K}                       matched peers of that endpoint (rclpy:
                                                    get_subscription_count / get_publisher_count)
@@ -36,6 +39,14 @@ from jsonlines import Requests, out  # beside this script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def msg_event(k, data, decoded, head):
+    ev = {"ev": "msg", "id": k, "data": data[:head].hex() if head else data.hex(),
+          "decoded": decoded, "at": time.monotonic()}
+    if head:
+        ev["size"] = len(data)
+    return ev
 
 
 class RclpyPeer:
@@ -70,7 +81,7 @@ class RclpyPeer:
             durability=(self.Dur.TRANSIENT_LOCAL if q.get("durability") == "transient_local"
                         else self.Dur.VOLATILE))
 
-    def create(self, kind, k, topic, ros_type, qos):
+    def create(self, kind, k, topic, ros_type, qos, head=None):
         cls = self.msg_class(ros_type)
 
         def incompatible(ev, k=k):
@@ -85,8 +96,7 @@ class RclpyPeer:
                     ok = True
                 except Exception:
                     ok = False
-                out({"ev": "msg", "id": k, "data": data.hex(), "decoded": ok,
-                     "at": time.monotonic()})
+                out(msg_event(k, data, ok, head))
             e = self.node.create_subscription(
                 cls, topic, on_msg, self.profile(qos), raw=True,
                 event_callbacks=self.SubEv(incompatible_qos=incompatible))
@@ -158,7 +168,7 @@ class CyclonePeer:
         self.dp = DomainParticipant(domain)
         self.ents = {}
 
-    def create(self, kind, k, topic, ros_type, qos):
+    def create(self, kind, k, topic, ros_type, qos, head=None):
         from cyclonedds.pub import DataWriter
         from cyclonedds.sub import DataReader
         from cyclonedds.topic import Topic
@@ -169,7 +179,7 @@ class CyclonePeer:
             e = DataWriter(self.dp, t, qos=self.make_qos(qos, True, h))
         else:
             e = DataReader(self.dp, t, qos=self.make_qos(qos, False, h))
-        self.ents[k] = (kind, e, t)
+        self.ents[k] = (kind, e, t, head)
 
     def write(self, k, data):
         from cyclonedds._clayer import ddspy_write
@@ -181,7 +191,7 @@ class CyclonePeer:
         ddspy_write(self.ents[k][1]._ref, data)
 
     def count(self, k):
-        kind, e, _ = self.ents[k]
+        kind, e = self.ents[k][:2]
         if kind == "pub":
             return e.get_publication_matched_status().current_count
         return e.get_subscription_matched_status().current_count
@@ -191,15 +201,14 @@ class CyclonePeer:
         return bool(self.ents[k][1].wait_for_acks(duration(seconds=timeout)))
 
     def drop(self, k):
-        kind, e, t = self.ents.pop(k)
-        e.__del__()
+        self.ents.pop(k)[1].__del__()
 
     def graph(self, topic):
         raise RuntimeError("graph: rclpy peers only")
 
     def spin(self):
         from cyclonedds._clayer import ddspy_take
-        for k, (kind, e, _) in list(self.ents.items()):
+        for k, (kind, e, _, head) in list(self.ents.items()):
             if kind != "sub":
                 continue
             got = ddspy_take(e._ref, 0xFFFF, 16)
@@ -207,8 +216,7 @@ class CyclonePeer:
                 continue
             for data, info in got:
                 if info.valid_data:
-                    out({"ev": "msg", "id": k, "data": data.hex(), "decoded": True,
-                         "at": time.monotonic()})
+                    out(msg_event(k, data, True, head))
         time.sleep(0.002)
 
     def close(self):
@@ -232,7 +240,8 @@ def main():
             try:
                 res = {}
                 if op in ("pub", "sub"):
-                    peer.create(op, req["id"], req["topic"], req["type"], req.get("qos", {}))
+                    peer.create(op, req["id"], req["topic"], req["type"], req.get("qos", {}),
+                                req.get("head"))
                 elif op == "write":
                     peer.write(req["id"], bytes.fromhex(req["data"]))
                 elif op == "count":

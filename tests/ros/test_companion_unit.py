@@ -105,10 +105,18 @@ def test_dds_config_follows_the_ros_conventions_and_always_speaks_fast_dds(tmp_p
     merged = build_config({"CYCLONEDDS_URI": own})
     assert merged.startswith(own + ",") and "IgnoreTypeInformation" not in merged[len(own):]
     assert "GenerateKeyhash>true<" in merged
-    both = "<X><IgnoreTypeInformation/><GenerateKeyhash>false</GenerateKeyhash></X>"
-    assert build_config({"CYCLONEDDS_URI": both}) == both
+    every = ("<X><IgnoreTypeInformation/><GenerateKeyhash>false</GenerateKeyhash><FragmentSize/>"
+             "<HeartbeatInterval/></X>")
+    assert build_config({"CYCLONEDDS_URI": every}) == every
     assert "IgnoreTypeInformation>1.15<" in FASTDDS_COMPAT_XML
     assert "GenerateKeyhash>true<" in FASTDDS_COMPAT_XML
+    # large samples (issue 21): rmw_fastrtps' fragment size, fast repair; a user's own sizes win
+    # for both elements (our FragmentSize above their MaxMessageSize would be refused)
+    assert "<FragmentSize>65000B<" in FASTDDS_COMPAT_XML and ">5ms</HeartbeatInterval>" in compat
+    sized = "<X><General><MaxMessageSize>1400B</MaxMessageSize></General></X>"
+    merged = build_config({"CYCLONEDDS_URI": sized})
+    assert "FragmentSize" not in merged and "MaxMessageSize>65500B" not in merged
+    assert "HeartbeatInterval" in merged
     assert default_domain({}) == 0 and default_domain({"ROS_DOMAIN_ID": "17"}) == 17
     assert "127.0.0.1" in LOOPBACK_XML and "<AllowMulticast>false" in LOOPBACK_XML
 

@@ -177,9 +177,10 @@ class Peer(JsonProc):
         self._next = 0
         JsonProc.__init__(self, [python_for(kind), PEER, kind], env or ros_env())
 
-    def endpoint(self, kind, topic, ros_type, qos):
+    def endpoint(self, kind, topic, ros_type, qos, **kw):
+        """A ``pub`` or ``sub``; its id. ``head=N``: a ``sub``'s events carry N bytes only."""
         self._next += 1
-        self.call(kind, id=self._next, topic=topic, type=ros_type, qos=qos)
+        self.call(kind, id=self._next, topic=topic, type=ros_type, qos=qos, **kw)
         return self._next
 
     def received(self, k):
