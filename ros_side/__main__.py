@@ -316,7 +316,10 @@ def run_link(args: argparse.Namespace) -> int:
         companion.close()
         sel.close()
     log.info("stopped")
-    host_cli.log_counters({"link": driver.counters()}, log)
+    ours = dict(companion.stats)  # what it wrote to ROS and dropped, its latched re-publish
+    if companion.latched is not None:
+        ours.update(companion.latched.counters())
+    host_cli.log_counters({"link": driver.counters(), "companion": ours}, log)
     return 0
 
 
