@@ -308,8 +308,10 @@ def run_link(args: argparse.Namespace) -> int:
             if end.expire(now, int(args.release_after * 1000)):
                 log.warning(
                     "link down for %.0f s: released every publisher and subscription of the "
-                    "gateway (they come back if it does)",
-                    args.release_after,
+                    "gateway (they come back if it does); %d reliable message(s) from ROS that "
+                    "waited for it dropped (counted release_drops; its clients get ERROR "
+                    "link_congested if it comes back)",
+                    args.release_after, end.last_drops,
                 )
     finally:
         driver.close()

@@ -331,7 +331,8 @@ class Companion:
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
-                             "reader_pauses", "qos_incompatible", "history_drops"))
+                             "reader_pauses", "qos_incompatible", "history_drops",
+                             "release_drops"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -437,7 +438,17 @@ class Companion:
                    len(ent.sizes), _mib(ent.history_charge))))
 
     def reset(self):
-        """A gateway session ended for good: release every ROS object it made us create."""
+        """A gateway session ended for good: release every ROS object it made us create. The
+        reliable ROS messages that were waiting for the link go with them: counted
+        (``release_drops``) and returned, {subscription slot: how many}, so that the clients
+        can be told (link_end.LinkCompanionEnd.expire)."""
+        dropped = {}
+        with self._qlock:
+            for ent, _ in self._held + self._queue:
+                if ent.qos[0] and ent.slots:
+                    self.stats["release_drops"] += 1
+                    for slot in ent.slots:
+                        dropped[slot] = dropped.get(slot, 0) + 1
         for slot in list(self._pub_slots):
             self._release_slot("pub", slot)
         for slot in list(self._sub_slots):
@@ -455,6 +466,7 @@ class Companion:
         self.stats["sessions_reset"] += 1
         if self.latched is not None:
             self.latched.unclaim()       # kept for the gateway's registrations coming back
+        return dropped
 
     def close(self, close_backend=True):
         self.reset()
