@@ -308,6 +308,7 @@ class Companion:
         self._queued_bytes = 0
         self._too_large_pending = set()
         self._paused = set()      # reliable entities whose reader waits (backpressure)
+        self._stopping = False    # stop_taking(): a graceful stop takes no more messages
         self._held = collections.deque()  # reliable messages waiting for link room (loop thread)
         self._held_bytes = 0
         self._q_rel = self._q_rel_bytes = 0  # pausable (reliable) part of _queue
@@ -436,6 +437,20 @@ class Companion:
                 "dropped; lower the depth, or raise --max-history-bytes"
                 % (ent.topic, m, self.history_limit, _mib(self.history_used),
                    len(ent.sizes), _mib(ent.history_charge))))
+
+    def stop_taking(self):
+        """A graceful stop (ros_side/__main__.py, drain_link): take no more ROS messages, so that
+        what was taken can be handed on within the drain's bound. Reliable readers are paused
+        (their samples stay in DDS, as when the link is full); others' are dropped, counted in
+        queue_drops."""
+        with self._qlock:
+            self._stopping = True
+
+    def waiting(self):
+        """Reliable ROS messages taken from DDS and not handed to the sink yet (the link had no
+        room): what a graceful stop drains (ros_side/__main__.py, drain_link)."""
+        with self._qlock:
+            return len(self._held) + sum(1 for ent, _ in self._queue if ent.qos[0])
 
     def reset(self):
         """A gateway session ended for good: release every ROS object it made us create. The
@@ -617,7 +632,7 @@ class Companion:
             else:
                 qn = len(self._queue) - self._q_rel
                 qb = self._queued_bytes - self._q_rel_bytes
-            full = qn >= self._queue_limit or qb + n > self._queue_bytes_limit
+            full = qn >= self._queue_limit or qb + n > self._queue_bytes_limit or self._stopping
             if n > self._max_message:
                 ent.too_large += 1
                 ent.too_large_size = n
@@ -736,7 +751,8 @@ class Companion:
             self._held_bytes += sum(len(d) for _, d in held)
             self._inflight_rel = self._inflight_rel_bytes = 0  # delivered, or held again
             if (len(self._queue) + len(self._held) > self._queue_limit // 4
-                    or self._queued_bytes + self._held_bytes > self._queue_bytes_limit // 4):
+                    or self._queued_bytes + self._held_bytes > self._queue_bytes_limit // 4
+                    or self._stopping):
                 return
             paused = self._paused
             self._paused = set()
