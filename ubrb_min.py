@@ -1791,7 +1791,11 @@ _LK_ACK_REP_MS = const(30)
 _LK_WMAX = const(64)        # largest window (frames in flight: a frame table entry each)
 _LK_FS_RETX = const(1)      # frame table flags: sent more than once (no RTT sample from it),
 _LK_FS_SACK = const(2)      # ... reported held by the peer (a selective ack),
-_LK_FS_LOST = const(4)      # ... deemed lost: sent again before any new frame
+_LK_FS_LOST = const(4)      # ... deemed lost: sent again before any new frame,
+_LK_FS_END = const(8)       # ... ends at the end of a record (it took all that was queued)
+# rel_framed at or above it: a gateway holds records kept from an old session for a new one, the
+# first rel_framed - _LK_PARKED bytes at rel_head, and frames nothing reliable meanwhile (ubrb_keep)
+_LK_PARKED = const(1 << 29)
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
@@ -1922,26 +1926,6 @@ def _lk_ring_get(dst, doff, ring, pos, n):
         copy_into(dst, doff + k, ring, 0, n - k)
 
 
-def _lk_rec_len(ring, p):
-    # the whole length (header included) of the record that starts at ring[p]: its type byte,
-    # then two varints, the slot and the body's length
-    cap = len(ring)
-    q = p + 1
-    for _ in range(2):
-        v = sh = 0
-        while True:
-            if q >= cap:
-                q -= cap
-            c = ring[q]
-            q += 1
-            v |= (c & 0x7F) << sh
-            sh += 7
-            if c < 0x80:
-                break
-    q -= p
-    return (q if q > 0 else q + cap) + v
-
-
 # ---- link pacing: a serial line's write credit, for every port ------------------------------
 LINK_MAX_MESSAGE = const((1 << 23) - 64)  # largest message any link session carries (lengths < 2**24)
 LINK_PACE_MS = const(60)            # line time of credit the pacing may bank: a 50 ms loop keeps it busy
@@ -2032,7 +2016,7 @@ _LK_COUNTERS = (
     "rx_frames tx_frames rx_bytes tx_bytes crc_err hdr_err resync noise retx timeouts "
     "fast_retx dup ooo drop_be drop_be_down drop_rel_full drop_down too_large rel_reset_bytes "
     "frag_tx frag_rx frag_drop up down new hello_tx hello_rx proto stale trunc auth replay "
-    "desync renew hello_ok hello_ignored rel_kept_bytes")
+    "desync renew hello_ok hello_ignored")
 _LKC_RX_FRAMES = const(0)
 _LKC_TX_FRAMES = const(1)
 _LKC_RX_BYTES = const(2)
@@ -2069,8 +2053,7 @@ _LKC_DESYNC = const(32)
 _LKC_RENEW = const(33)
 _LKC_HELLO_OK = const(34)
 _LKC_HELLO_IGNORED = const(35)
-_LKC_REL_KEPT_BYTES = const(36)
-_LKC_N = const(37)
+_LKC_N = const(36)
 
 
 class LinkSession:
@@ -2195,12 +2178,9 @@ class LinkSession:
         self.stat_counts[_LKC_REL_RESET_BYTES] += self.rel_queued
         self.una = self.nxt = 0
         self.rel_head = self.rel_queued = self.rel_framed = 0
-        # rel_back: bytes just behind rel_head that are acknowledged but belong to a record not
-        # wholly acknowledged yet (a frame may end inside a record): not reused, so that a new
-        # peer session can get that record again whole (_keep). rel_park: they are instead the
-        # records kept from the old session, waiting for unpark() (the gateway).
-        self.rel_back = 0
-        self.rel_park = False
+        # rel_head stays at a record's start: the acknowledged head of a record a frame ended
+        # inside is released with its end (_on_ack), so a new peer session can get it again
+        # whole (ubrb_keep)
         self.lost_n = self.sack_n = 0  # frames in flight marked lost (to resend) / reported held
         self.fack = 0  # the highest seq the peer reported held (valid while above una)
         self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
@@ -2270,7 +2250,7 @@ class LinkSession:
         where it came from (the client's socket, a DDS reader) instead of in the ring, where it
         would delay registrations and results by the whole ring's line time."""
         q = self.rel_queued
-        if q + self.rel_back + n + LK_RHDR_MAX > len(self.rel) - self.rel_res:
+        if q + n + LK_RHDR_MAX > len(self.rel) - self.rel_res:
             return False
         return q - self.rel_framed < self.peer_window * self.peer_max_frame
 
@@ -2313,18 +2293,11 @@ class LinkSession:
         if n + h > self.peer_max_frame - self.ovh:
             self.stat_counts[_LKC_FRAG_TX] += 1
         if reliable:
-            if self.rel_park and not control:
-                self.unpark()  # new data: what was kept from the old session goes before it
             cap = len(self.rel)
             lim = cap if control else cap - self.rel_res
-            if self.rel_queued + self.rel_back + need > lim:
-                if not (control and self.rel_park) or self.rel_queued + need > lim:
-                    self.stat_counts[_LKC_DROP_REL_FULL] += 1
-                    return LK_FULL
-                # a registration for the new session goes before the records kept for it
-                # (without it they would be refused): those are dropped, and counted
-                self.stat_counts[_LKC_REL_RESET_BYTES] += self.rel_back
-                self.rel_back = 0
+            if self.rel_queued + need > lim:
+                self.stat_counts[_LKC_DROP_REL_FULL] += 1
+                return LK_FULL
             pos = self.rel_head + self.rel_queued
             if pos >= cap:
                 pos -= cap
@@ -2506,8 +2479,7 @@ class LinkSession:
                 pw = self.ft
         w = self.cwnd if self.cwnd < pw else pw
         rel = inflight - self.sack_n - self.lost_n < w and (
-            self.lost_n or (self.rel_queued > self.rel_framed and inflight < pw
-                            and not self.rel_park))
+            self.lost_n or (self.rel_queued > self.rel_framed and inflight < pw))
         if rel and (self.turn == 0 or self.be_live == 0):
             self.turn = 1
             return self._rel_frame(now)
@@ -2537,7 +2509,7 @@ class LinkSession:
             while not self.frame_st[s & self.ft_mask] & _LK_FS_LOST:
                 s = (s + 1) & 255
             i = s & self.ft_mask
-            self.frame_st[i] = _LK_FS_RETX
+            self.frame_st[i] = (self.frame_st[i] & _LK_FS_END) | _LK_FS_RETX
             self.lost_n -= 1
             self.stat_counts[_LKC_RETX] += 1
             n = self.frame_len[i]
@@ -2554,8 +2526,8 @@ class LinkSession:
                 pos -= cap
             self.frame_off[i] = pos
             self.frame_len[i] = n
-            self.frame_st[i] = 0
             self.rel_framed += n
+            self.frame_st[i] = 0 if self.rel_framed < self.rel_queued else _LK_FS_END
             self.nxt = (s + 1) & 255
         f = self.fit
         if f is not None:
@@ -2915,17 +2887,12 @@ class LinkSession:
         # throw the stream away; if the peer may hold state of it (we were UP since the last
         # discard), become a new incarnation: a new epoch, so the peer cannot resume it. The
         # gateway keeps the data records its peer may not have handed to ROS (_keep).
-        cap = len(self.rel)
-        p = self.rel_head - self.rel_back
-        if p < 0:
-            p += cap
-        n = self._keep(p) if self.is_gateway else 0
-        self._reset_stream()
-        if n:
-            p += n
-            self.rel_head = p - cap if p >= cap else p
-            self.rel_back = n
-            self.rel_park = True
+        if self.rel_queued:
+            from ubrb_keep import keep  # (loaded only then: a board's heap is tight)
+
+            keep(self)  # resets it; a gateway keeps the PUBLISHes its peer may not have had
+        else:
+            self._reset_stream()
         if self.used:
             self.used = False
             e = self.nonce() if self.nonce is not None else self.epoch * 1103515245 + 12345
@@ -2934,65 +2901,6 @@ class LinkSession:
             self.stat_counts[_LKC_RENEW] += 1
         if self.mac is not None:
             self.mac.peer_hello = 0
-
-    def _keep(self, p):
-        # A new peer session (the companion restarted): its predecessor acknowledged each frame
-        # once it had handed the records in it to ROS, so every PUB record not wholly
-        # acknowledged may be lost. They are kept, in order, moved together from `p` (the start
-        # of the oldest, rel_back bytes behind rel_head) to wait behind the registrations that
-        # ros_up sends the new session (unpark); the control records of the old stream go
-        # (ros_up hands the registrations over anew). Their length; rel_queued is left with
-        # what is dropped, which _reset_stream counts.
-        rel = self.rel
-        cap = len(rel)
-        left = self.rel_back + self.rel_queued
-        w = p
-        n = 0
-        while left > 0:
-            L = _lk_rec_len(rel, p)
-            left -= L
-            if rel[p] == LK_T_PUB:
-                n += L
-                if w == p:
-                    w += L
-                    if w >= cap:
-                        w -= cap
-                else:
-                    for _ in range(L):
-                        rel[w] = rel[p]
-                        w = w + 1 if w + 1 < cap else 0
-                        p = p + 1 if p + 1 < cap else 0
-                    continue
-            p += L
-            if p >= cap:
-                p -= cap
-        self.rel_queued += self.rel_back - n
-        self.stat_counts[_LKC_REL_KEPT_BYTES] += n
-        return n
-
-    def unpark(self):
-        """(Gateway) The registrations for a new peer session are queued (ros_up): the records
-        kept from the old session (_keep) follow them now. The registrations, not framed yet,
-        are moved to just before the kept records."""
-        if not self.rel_park:
-            return
-        rel = self.rel
-        cap = len(rel)
-        h = self.rel_head
-        q = self.rel_queued
-        d = h - self.rel_back - q
-        if d < 0:
-            d += cap
-        i = q
-        while i:  # from the end: the two may overlap, the target behind the source
-            i -= 1
-            s = h + i
-            t = d + i
-            rel[t - cap if t >= cap else t] = rel[s - cap if s >= cap else s]
-        self.rel_head = d
-        self.rel_queued = q + self.rel_back
-        self.rel_back = 0
-        self.rel_park = False
 
     def _rekey(self):
         # the session key of (gateway epoch, companion epoch): the CRC seed, and on a keyed link
@@ -3032,17 +2940,19 @@ class LinkSession:
         over = False  # a frame sent again was acked sooner than its second copy could have been
         if k:
             cap = len(self.rel)
-            was = self.rel_queued
+            # rel_head moves to the end of the last frame acked that ended a record (_LK_FS_END):
+            # the acknowledged head of a record a frame ended inside stays (m: bytes acked past
+            # rel_head), so that a new peer session can get it again whole (ubrb_keep)
+            m = self.frame_off[una & self.ft_mask] - self.rel_head
+            if m < 0:
+                m += cap
+            r = 0
             while una != a:
                 i = una & self.ft_mask
-                L = self.frame_len[i]
-                h = self.rel_head + L
-                if h >= cap:
-                    h -= cap
-                self.rel_head = h
-                self.rel_queued -= L
-                self.rel_framed -= L
+                m += self.frame_len[i]
                 f = st[i]
+                if f & _LK_FS_END:
+                    r = m
                 if f & _LK_FS_LOST:
                     self.lost_n -= 1
                 if f & _LK_FS_SACK:
@@ -3053,24 +2963,10 @@ class LinkSession:
                     over = True
                 una = (una + 1) & 255
             self.una = a
-            if self.rel_queued:
-                # the acked bytes of a record not wholly acked stay (rel_back): walk the whole
-                # records now acknowledged, up to the one the new rel_head lies in
-                m = self.rel_back + was - self.rel_queued
-                p = self.rel_head - m
-                if p < 0:
-                    p += cap
-                while m:
-                    L = _lk_rec_len(self.rel, p)
-                    if L > m:
-                        break
-                    m -= L
-                    p += L
-                    if p >= cap:
-                        p -= cap
-                self.rel_back = m
-            else:
-                self.rel_back = 0  # all acknowledged: rel_head is a record's end
+            h = self.rel_head + r
+            self.rel_head = h - cap if h >= cap else h
+            self.rel_queued -= r
+            self.rel_framed -= r
             self.nak_late = False
             inflight -= k
             self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
@@ -3090,7 +2986,7 @@ class LinkSession:
                             sample = i
                         elif now - self.frame_sent_at[i] < self.srtt >> 1:
                             over = True
-                        st[i] = (f & _LK_FS_RETX) | _LK_FS_SACK
+                        st[i] = (f & (_LK_FS_RETX | _LK_FS_END)) | _LK_FS_SACK
                         self.sack_n += 1
             f = (self.fack - a) & 255
             if top and (f >= inflight or top > f):
@@ -3413,8 +3309,6 @@ class LinkRosPort:
         self.ros_is_up = False
         self.link_is_up = False
         self.had_session = False      # a session was up before: a fresh one replaces it
-        self.reset_seen = 0           # the session's rel_reset_bytes at the last link_up
-        self.kept_seen = 0            # ... and its rel_kept_bytes
         self.c_congested = 0
         self.c_too_large = 0
         self.c_bad = 0            # records from the companion that could not be used
@@ -3633,16 +3527,8 @@ class LinkRosPort:
     # link handler
     def link_up(self, fresh):
         self.link_is_up = True        # ros_up follows the companion's hello
-        c = self.s.stat_counts
-        lost = c[_LKC_REL_RESET_BYTES] - self.reset_seen
-        kept = c[_LKC_REL_KEPT_BYTES] - self.kept_seen
-        self.reset_seen = c[_LKC_REL_RESET_BYTES]
-        self.kept_seen = c[_LKC_REL_KEPT_BYTES]
         if fresh and self.had_session and self.sink is not None:
-            self.sink.ros_session_lost(
-                "the link to the ROS side restarted as a new session; registrations are handed "
-                "over again, then the %d bytes of PUBLISHes it had not acknowledged (%d bytes of "
-                "other records discarded)" % (kept, lost))
+            self.sink.ros_session_lost("the link to the ROS side began a new session")
         self.had_session = True
         if fresh:
             self._stats = {}          # a new companion gets every counter
@@ -3704,9 +3590,12 @@ class LinkRosPort:
             if t == LK_T_CHELLO:
                 self.distro = link_text(d, "distro", 64, False)
                 self.ros_is_up = True
-                if sink is not None:
+                if self.s.rel_framed >= _LK_PARKED:  # a new companion: the PUBLISHes kept for it
+                    from ubrb_keep import keep
+
+                    keep(self)  # (ros_up, then they follow)
+                elif sink is not None:
                     sink.ros_up(self.distro, self.max_message())
-                self.s.unpark()    # the PUBLISHes kept from an old session follow (_keep)
                 return None
             if t != LK_T_RESULT and t != LK_T_ERROR:
                 return "unknown record type"

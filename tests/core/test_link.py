@@ -1,6 +1,7 @@
 # The link's sans-IO session (docs/LINK.md): framing, resync, handshake, reliable and
 # best-effort channels, fragmentation, limits, liveness, epochs.  Time is injected (no sleeps);
 # runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
+import ubrb_keep
 import ubrb_min as L
 from link_rig import Line, Pair, Rng, rel_payload, sess
 
@@ -314,30 +315,37 @@ def test_restart_new_epoch_resets_stream():
     p.up()
     assert p.now - t0 < 300
     assert a.handler.downs == 1 and a.handler.ups == [True, True]  # fresh session
-    assert a.una == 0 and a.nxt == 0 and a.rel_queued == 0
+    assert a.una == 0 and a.nxt == 0 and a.rel_queued == ubrb_keep.parked(a)
     # the gateway keeps the PUBLISHes the old companion never acknowledged, not the old
     # session's control records: they wait (nothing goes) until the registrations are queued
-    c = a.counters()
-    assert c["rel_kept_bytes"] == 20 * 23 and c["rel_reset_bytes"] == 5 and a.rel_park
+    assert a.rel_kept == 20 * 23 and a.counters()["rel_reset_bytes"] == 5
+    assert ubrb_keep.parked(a) == 20 * 23
     p.run(100)
     assert b2.handler.msgs == []
     a.send(L.LK_T_ADV, 1, b"{}", 0, 2, True, True)
-    a.unpark()
+    ubrb_keep.unpark(a)
     a.send(L.LK_T_PUB, 1, b"new", 0, 3, True)
     p.run(100)
     assert b2.handler.msgs == [(L.LK_T_ADV, 1, b"{}", True)] + [
         (L.LK_T_PUB, 1, rel_payload(i, 20), True) for i in range(20)] + [
         (L.LK_T_PUB, 1, b"new", True)]
-    assert a.rel_queued == 0 and a.rel_back == 0
+    assert a.rel_queued == 0 and not ubrb_keep.parked(a)
     # gateway restarts: the companion sees a fresh session too, and keeps nothing of it
     b2.send(L.LK_T_MSG, 1, b"old", 0, 3, True)
     a2 = sess(True, 4)
     p.a = a2
     p.up()
     assert b2.handler.ups == [True, True] and b2.handler.downs == 1
-    assert b2.counters()["rel_kept_bytes"] == 0 and not b2.rel_park
+    assert getattr(b2, "rel_kept", 0) == 0 and not ubrb_keep.parked(b2)
     # frames of the old session fail the new session key's CRC
     assert b2.seed != 0 and a2.seed == b2.seed
+
+
+def test_keep_counts_in_the_core_counter():
+    if hasattr(L, "_LKC_REL_RESET_BYTES"):  # CPython (MicroPython inlines the core's consts)
+        assert ubrb_keep._REL_RESET_BYTES == L._LKC_REL_RESET_BYTES
+        assert ubrb_keep._PARKED == L._LK_PARKED
+    assert L._LK_COUNTERS.split()[18] == "rel_reset_bytes"
 
 
 def _kill9_rig(acked_frames, delivered_frames):
@@ -370,7 +378,7 @@ def _kill9_rig(acked_frames, delivered_frames):
     b2 = sess(False, 3, max_frame=128, datagram=True)
     p.b = b2
     p.up()
-    a.unpark()
+    ubrb_keep.unpark(a)
     p.run(200)
     return a, recs, b.handler.msgs, b2.handler.msgs
 
@@ -382,7 +390,7 @@ def test_new_companion_gets_every_publish_not_wholly_acknowledged():
     pubs = [r for r in recs if r[0] == L.LK_T_PUB]
     assert old == recs[:2]
     assert new == [r for r in recs[2:] if r[0] == L.LK_T_PUB]
-    assert a.counters()["rel_kept_bytes"] == 53 * len(new)
+    assert a.rel_kept == 53 * len(new)
     assert old[:2] + new == pubs[:2] + pubs[2:]  # each PUB once, in order: nothing lost
 
 
@@ -394,29 +402,6 @@ def test_new_companion_duplicates_only_what_was_delivered_but_not_acknowledged()
     assert new == [r for r in recs[2:] if r[0] == L.LK_T_PUB]
     dup = [r for r in new if r in old]
     assert dup == [r for r in recs[2:6] if r[0] == L.LK_T_PUB]
-
-
-def test_registrations_go_before_kept_publishes_even_when_the_ring_is_full_of_them():
-    # a small ring filled with unacknowledged PUBs: a registration for the new session does not
-    # fit behind them, so they are dropped (counted in rel_reset_bytes), never the registration
-    a = sess(True, 1, rel_bytes=4096, max_message=1000)
-    b = sess(False, 2)
-    p = Pair(a, b)
-    p.up()
-    n = 0
-    while a.rel_room(900):
-        a.send(L.LK_T_PUB, 1, bytes(900), 0, 900, True)
-        n += 1
-    b2 = sess(False, 3)
-    p.b = b2
-    p.up()
-    assert a.counters()["rel_kept_bytes"] == n * 904
-    big = bytes(4096 - n * 904)  # a registration larger than the room behind them
-    assert a.send(L.LK_T_ADV, 1, big, 0, len(big), True, True) == L.LK_OK
-    assert a.counters()["rel_reset_bytes"] == n * 904
-    a.unpark()
-    p.run(200)
-    assert [m[0] for m in b2.handler.msgs] == [L.LK_T_ADV]
 
 
 def test_old_session_frames_rejected():
