@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "ports", "cpython"))  # ubrb_host
@@ -404,7 +404,7 @@ def _event(cond: Dict[str, Any], chain: K.Chain, proxy: Optional[UdpImpairProxy]
 
 
 def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set,
-          writers: List[int] = (), replayed: int = 0) -> Dict[str, Any]:
+          writers: Sequence[int] = (), replayed: int = 0) -> Dict[str, Any]:
     """The figures of what the reader got. ``writers``: the DDS writer of each sample (a
     restarted companion has a new one); ``replayed``: how many samples the companion published
     again from its latched state (ros_side/latched.py: the first ones of its new writer). A
