@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Tuple
 
 from tests.support.procs import ROOT, child_env
 
@@ -34,6 +35,14 @@ def run(argv: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 
     e.update(env_set)
     return subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+def run_all(cmds: List[Tuple[List[str], Dict[str, str]]]) -> List[subprocess.CompletedProcess]:
+    """`run(argv, extra_env=env)` for each (argv, env), four at a time, results in order: for a
+    module of short-lived command lines, mostly interpreter start-up and imports, run up front
+    by a module fixture."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda c: run(c[0], extra_env=c[1]), cmds))
 
 
 def one_line(r: subprocess.CompletedProcess, code: int, *fragments: str) -> str:

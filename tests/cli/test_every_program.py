@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 import ubrb_min as U
-from tests.cli.helpers import PY, run
+from tests.cli.helpers import PY, run_all
 from tests.support.procs import ROOT
 
 # modules only, imported by the programs and the tests, never run
@@ -42,17 +42,26 @@ def test_every_file_is_a_program_or_a_listed_module() -> None:
     assert set(SUBCOMMANDS) <= set(PROGRAMS)
 
 
+@pytest.fixture(scope="module")
+def ran() -> Dict[Tuple[str, ...], Any]:
+    """Every command line of this module's tests (helpers.run_all)."""
+    argvs = [(PY, p, "--version") for p in PROGRAMS] + \
+        [tuple([PY] + a + ["--no-such-flag"]) for a in UNKNOWN]
+    return dict(zip(argvs, run_all([(list(a), {}) for a in argvs])))
+
+
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_version_is_one_line_and_exit_0(program: str) -> None:
-    r = run([PY, program, "--version"])
+def test_version_is_one_line_and_exit_0(ran: Dict[Tuple[str, ...], Any], program: str) -> None:
+    r = ran[(PY, program, "--version")]
     assert r.returncode == 0 and not r.stderr, (r.returncode, r.stdout, r.stderr)
     assert re.fullmatch(r"%s %s\n" % (re.escape(program), re.escape(U.VERSION)), r.stdout), \
         r.stdout
 
 
 @pytest.mark.parametrize("argv", UNKNOWN, ids=" ".join)
-def test_an_unknown_flag_is_one_line_and_exit_2(argv: List[str]) -> None:
-    r = run([PY] + argv + ["--no-such-flag"])
+def test_an_unknown_flag_is_one_line_and_exit_2(ran: Dict[Tuple[str, ...], Any],
+                                                argv: List[str]) -> None:
+    r = ran[tuple([PY] + argv + ["--no-such-flag"])]
     err = r.stderr.strip()
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, r.stderr
@@ -79,4 +88,28 @@ def test_no_program_imports_from_tests() -> None:
                 continue
             found += ["%s:%d %s" % (path, node.lineno, n) for n in names
                       if n == "tests" or n.startswith("tests.")]
+    assert found == [], found
+
+
+def test_no_test_module_imports_another() -> None:
+    # what tests share is a rig in tests/support/ (or tests/core/*_rig.py for the MicroPython leg),
+    # so a newcomer finds it by name and a test module can be read, moved or deleted alone
+    # (issue 22: seven test modules imported rigs from other test modules)
+    import ast
+
+    found = []
+    for d, _, names in os.walk(os.path.join(ROOT, "tests")):
+        for name in (n for n in names if n.endswith(".py")):
+            path = os.path.join(d, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    mods = [node.module or ""]
+                else:
+                    continue
+                found += ["%s:%d %s" % (os.path.relpath(path, ROOT), node.lineno, m)
+                          for m in mods if m.split(".")[-1].startswith("test_")]
     assert found == [], found

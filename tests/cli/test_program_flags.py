@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 import pytest
 
@@ -55,23 +55,25 @@ def test_bench_help_does_not_run_the_bench(argv: List[str]) -> None:
     assert time.monotonic() - t0 < 20
 
 
-def _gateway_on_missing_serial(*flags: str) -> str:
-    g = Proc(GATEWAY + ["--listen", "127.0.0.1:0", "--link", "serial:/dev/ubrb-no-such-tty",
-                        "--profile", "mcu", *flags])
+def _gateways_on_missing_serial(*flag_sets: Sequence[str]) -> List[str]:
+    """What each gateway logs, one per set of flags, all at once, waiting for a missing tty."""
+    gs = [Proc(GATEWAY + ["--listen", "127.0.0.1:0", "--link", "serial:/dev/ubrb-no-such-tty",
+                          "--profile", "mcu", *flags]) for flags in flag_sets]
     try:
-        g.wait_line(r"waiting for /dev/ubrb-no-such-tty to open", 20)
+        for g in gs:
+            g.wait_line(r"waiting for /dev/ubrb-no-such-tty to open", 20)
         time.sleep(0.6)  # one more reopen attempt (every 0.5 s)
     finally:
-        g.stop(signal.SIGINT)
-    return g.text()
+        for g in gs:
+            g.stop(signal.SIGINT)
+    return [g.text() for g in gs]
 
 
 def test_quiet_keeps_warnings_only_and_verbose_adds_debug() -> None:
-    quiet = _gateway_on_missing_serial("-q")
+    quiet, verbose, explicit = _gateways_on_missing_serial(["-q"], ["-v"],
+                                                           ["--log-level", "warning"])
     assert " INFO " not in quiet and " WARNING " in quiet, quiet
-    verbose = _gateway_on_missing_serial("-v")
     assert " DEBUG ubrb.link: link: reopen failed" in verbose, verbose
-    explicit = _gateway_on_missing_serial("--log-level", "warning")
     assert " INFO " not in explicit
 
 

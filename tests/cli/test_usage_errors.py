@@ -3,12 +3,12 @@ says what is wrong and exit status 2, never a traceback, for every program."""
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 
 from tests.cli.helpers import (CLIENT, COMPANION, DEMO, GATEWAY, LATENCY, OBSERVER, UNRESOLVABLE,
-                               one_line, run)
+                               one_line, run, run_all)
 
 PUB = CLIENT + ["pub", "/chatter", "std_msgs/msg/String"]
 ECHO = CLIENT + ["echo", "/chatter", "std_msgs/msg/String"]
@@ -154,13 +154,19 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def ran() -> Dict[str, Any]:
+    """Every case's command line (helpers.run_all), by repr((argv, env))."""
+    return dict(zip((repr((a, e)) for a, e, _ in CASES), run_all([(a, e) for a, e, _ in CASES])))
+
+
 @pytest.mark.parametrize("argv,env,says", CASES,
                          ids=[" ".join(a[1:] if a[1] != "-m" else a[2:])[:70] + (
                              " " + " ".join("%s=%s" % kv for kv in e.items()) if e else "")
                              for a, e, _ in CASES])
-def test_mistake_is_one_line_and_exit_2(argv: List[str], env: Dict[str, str],
-                                        says: List[str]) -> None:
-    line = one_line(run(argv, extra_env=env), 2, *says)
+def test_mistake_is_one_line_and_exit_2(ran: Dict[str, Any], argv: List[str],
+                                        env: Dict[str, str], says: List[str]) -> None:
+    line = one_line(ran[repr((argv, env))], 2, *says)
     if "pub: unknown message type" in line:
         assert "'" not in line.split("type", 1)[1].split(":")[0]  # no stray quotes on the name
 

@@ -3,111 +3,13 @@
 # Runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
 import ubrb_min as L
 import ubrb_policy
+from link_app_rig import FakeCompanion, FakeGateway, app_pair
 from ros_side.link_end import LinkCompanionEnd
-from link_rig import Pair
 from tests.support.qos import QOS_BE, QOS_R
 
 
-class FakeGateway:
-    """GatewaySink: records calls; on ros_up re-sends every live registration (as Gateway does)."""
-
-    def __init__(self):
-        self.port = None
-        self.calls = []
-        self.pubs = {}   # slot -> (topic, type, qos)
-        self.subs = {}
-
-    def ros_up(self, distro, max_message):
-        self.calls.append(("up", distro, max_message))
-        for s in sorted(self.pubs):
-            t = self.pubs[s]
-            self.port.advertise(s, t[0], t[1], t[2])
-        for s in sorted(self.subs):
-            t = self.subs[s]
-            self.port.subscribe(s, t[0], t[1], t[2])
-
-    def ros_down(self):
-        self.calls.append(("down",))
-
-    def ros_session_lost(self, message):
-        self.calls.append(("lost", message))
-
-    def ros_result(self, kind, slot, code, message):
-        self.calls.append(("result", kind, slot, code))
-
-    def ros_error(self, kind, slot, code, message):
-        self.calls.append(("error", kind, slot, code))
-
-    def ros_message(self, slot, buf, off, n):
-        self.calls.append(("message", slot, bytes(buf[off:off + n])))
-
-    def ros_sub_count(self, slot, count):
-        self.calls.append(("count", slot, count))
-
-    def take(self, kind=None):
-        c = [x for x in self.calls if kind is None or x[0] == kind]
-        self.calls = [x for x in self.calls if not (kind is None or x[0] == kind)]
-        return c
-
-
-class FakeCompanion:
-    """RosPort: records calls; answers registrations through its sink (the link end)."""
-
-    def __init__(self, distro="humble"):
-        self.distro = distro
-        self.sink = None
-        self.calls = []
-        self.live = {}
-        self.stats = None
-
-    def advertise(self, slot, topic, type, qos):
-        self.calls.append(("advertise", slot, topic))
-        if topic == "bad topic":
-            self.sink.ros_result("pub", slot, "invalid_topic", "bad")
-            return
-        self.live[("p", slot)] = topic
-        self.sink.ros_result("pub", slot, None, "")
-
-    def unadvertise(self, slot):
-        self.calls.append(("unadvertise", slot))
-        self.live.pop(("p", slot), None)
-
-    def subscribe(self, slot, topic, type, qos):
-        self.calls.append(("subscribe", slot, topic))
-        self.live[("s", slot)] = topic
-        self.sink.ros_result("sub", slot, None, "")
-
-    def unsubscribe(self, slot):
-        self.calls.append(("unsubscribe", slot))
-        self.live.pop(("s", slot), None)
-
-    def publish(self, slot, buf, off, n, reliable):
-        self.calls.append(("publish", slot, bytes(buf[off:off + n]), reliable))
-
-    def reset(self):
-        self.calls.append(("reset",))
-        self.live = {}
-
-    def gateway_stats(self, d):
-        self.stats = d
-
-
-def setup(**kw):
-    gs = L.LinkSession(None, 101, True, **kw)
-    cs = L.LinkSession(None, 202, False, **kw)
-    port = L.LinkRosPort(gs)
-    gw = FakeGateway()
-    gw.port = port
-    port.sink = gw
-    comp = FakeCompanion()
-    end = LinkCompanionEnd(cs, comp)
-    comp.sink = end
-    p = Pair(gs, cs)
-    return p, port, gw, comp, end
-
-
 def test_up_registration_and_data_both_ways():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     gw.pubs[1] = ("/chatter", "std_msgs/msg/String", QOS_R)
     gw.subs[2] = ("/scan", "sensor_msgs/msg/LaserScan", QOS_BE)
     p.run(300)
@@ -133,7 +35,7 @@ def test_up_registration_and_data_both_ways():
 
 
 def test_publish_too_large_reported_to_sink():
-    p, port, gw, comp, end = setup(max_message=1000)
+    p, port, gw, comp, end = app_pair(max_message=1000)
     p.run(300)
     port.publish(1, bytes(1001), 0, 1001, True)
     port.publish(1, bytes(1001), 0, 1001, False)
@@ -143,7 +45,7 @@ def test_publish_too_large_reported_to_sink():
 
 
 def test_companion_message_too_large_reported_as_sub_error():
-    p, port, gw, comp, end = setup(max_message=1000)
+    p, port, gw, comp, end = app_pair(max_message=1000)
     gw.subs[4] = ("/big", "x/msg/Big", QOS_R)
     p.run(300)
     gw.take()
@@ -155,7 +57,7 @@ def test_companion_message_too_large_reported_as_sub_error():
 
 
 def test_reliable_buffer_full_is_a_reported_drop():
-    p, port, gw, comp, end = setup(rel_bytes=16384, max_message=4000)
+    p, port, gw, comp, end = app_pair(rel_bytes=16384, max_message=4000)
     p.run(300)
     gw.take()
     n = 0
@@ -170,7 +72,7 @@ def test_reliable_buffer_full_is_a_reported_drop():
 
 
 def test_gateway_restart_resets_companion_and_restores():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
     p.run(300)
     assert comp.live == {("p", 1): "/a"}
@@ -191,7 +93,7 @@ def test_gateway_restart_resets_companion_and_restores():
 
 
 def test_companion_restart_gets_registrations_again():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
     gw.subs[2] = ("/s", "std_msgs/msg/String", QOS_R)
     p.run(300)
@@ -246,7 +148,7 @@ def test_a_registration_that_does_not_fit_behind_kept_publishes_goes_first():
 
 def test_glitch_resume_dedups_registrations():
     cut = {"on": False}
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     p.mangle = lambda data, d: [] if cut["on"] else [data]
     gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
     p.run(300)
@@ -271,7 +173,7 @@ def test_glitch_resume_dedups_registrations():
 
 
 def test_stats_to_companion():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     p.run(300)
     port.send_stats({"clients": 2, "link": {"crc_err": 0}})
     p.run(20)
@@ -280,7 +182,7 @@ def test_stats_to_companion():
 
 
 def test_a_session_that_does_not_come_back_releases_everything():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
     p.run(300)
     assert comp.live == {("p", 1): "/a"}
@@ -307,7 +209,7 @@ def test_a_session_that_does_not_come_back_releases_everything():
 def _imu_over_link(policy, seconds=2):
     # A 1 kHz ROS topic offered to the companion end for `seconds`; returns what reached the
     # gateway (messages) and the bytes that crossed the link companion -> gateway meanwhile.
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     gw.policy = policy              # as Policy.install leaves it for LinkRosPort.subscribe
     gw.subs[3] = ("/imu", "sensor_msgs/msg/Imu", QOS_BE)
     p.run(300)
@@ -335,7 +237,7 @@ def test_throttle_holds_a_topic_to_its_rate_before_the_link():
 
 
 def test_sub_record_carries_the_period_and_an_older_gateway_none():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     p.run(300)
     sent = []
     real = port.s.send
@@ -353,7 +255,7 @@ def test_sub_record_carries_the_period_and_an_older_gateway_none():
 
 
 def test_a_bad_period_is_a_rejected_record():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     p.run(300)
     for bad in (-1, "20", True, 1 << 31):
         b = L.link_record_body({"topic": "/a", "type": "std_msgs/msg/String", "qos": None,
@@ -365,7 +267,7 @@ def test_a_bad_period_is_a_rejected_record():
 
 
 def test_qos_incompatible_crosses_the_link_to_the_gateway():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     gw.subs[2] = ("/imu", "sensor_msgs/msg/Imu", QOS_R)
     p.run(300)
     gw.take()
@@ -377,7 +279,7 @@ def test_qos_incompatible_crosses_the_link_to_the_gateway():
 
 
 def test_a_held_reliable_message_waits_for_link_room_at_its_period_end():
-    p, port, gw, comp, end = setup(rel_bytes=16384, max_message=4000)
+    p, port, gw, comp, end = app_pair(rel_bytes=16384, max_message=4000)
     gw.policy = ubrb_policy.Policy(throttle=[("/thr", 20)])
     gw.subs[1] = ("/thr", "std_msgs/msg/String", QOS_R)
     gw.subs[2] = ("/bulk", "std_msgs/msg/String", QOS_R)

@@ -5,12 +5,12 @@
 import json
 
 import ubrb_min as L
-from test_link_app import setup
+from link_app_rig import app_pair
 from tests.support.qos import QOS_R
 
 
 def up():
-    p, port, gw, comp, end = setup()
+    p, port, gw, comp, end = app_pair()
     p.run(300)
     gw.take()
     return p, port, gw, comp, end
@@ -176,7 +176,7 @@ def test_messages_of_a_subscription_wait_for_its_acceptance():
 
 
 def test_a_registration_the_link_cannot_carry_is_answered_with_an_error():
-    p, port, gw, comp, end = setup(max_message=1000)
+    p, port, gw, comp, end = app_pair(max_message=1000)
     p.run(300)
     gw.take()
     port.advertise(1, "/" + "x" * 2000, "std_msgs/msg/String", QOS_R)
@@ -195,7 +195,7 @@ def test_a_registration_the_link_cannot_carry_is_answered_with_an_error():
 
 
 def test_a_release_that_cannot_be_sent_is_retried():
-    p, port, gw, comp, end = setup(max_message=1000)
+    p, port, gw, comp, end = app_pair(max_message=1000)
     p.run(300)
     port.advertise(1, "/a", "std_msgs/msg/String", QOS_R)
     p.run(50)
@@ -242,7 +242,7 @@ def test_bad_records_are_logged_once_per_second_escaped():
 
 
 def test_an_answer_the_companion_cannot_send_is_sent_later():
-    p, port, gw, comp, end = setup(max_message=1000)
+    p, port, gw, comp, end = app_pair(max_message=1000)
     p.run(300)
     gw.take()
     # the gateway's acknowledgements stop: the companion's ring fills with its answers

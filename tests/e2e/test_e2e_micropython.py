@@ -7,82 +7,24 @@ left behind after 10,000 relays."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
 import time
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List
 
 import pytest
 
 from tests.e2e.helpers import (
-    E2E_DOMAIN,
-    E2E_XML,
     Dds,
     RawCollector,
-    companion_argv,
-    e2e_proc,
     key_file,
     matched,
     ser,
     string_msg,
 )
 from tests.support import ros_idl as I
-from tests.support.loopback_ports import free_port
-from tests.support.mp_unix import HEAP as BOARD_HEAP, MicroPythonGateway
-from tests.support.procs import Proc, child_env, wait_for
-
-S = "std_msgs/msg/String"
-# The heap of the chain's gateway: the board heap every MicroPython test uses, 128 KiB (>= 32 KiB
-# free after start-up; ports/micropython/README.md, "Memory"); UBRB_MP_E2E_HEAP tries another.
-HEAP = os.environ.get("UBRB_MP_E2E_HEAP", BOARD_HEAP)
-# KeepLast(1000) at the companion's DDS endpoints: a burst from a test replaces no sample
-DEEP = {"reliability": "reliable", "durability": "volatile", "depth": 1000}
-
-
-class MicroPythonBridge:
-    """The deployed MicroPython gateway (mcu profile) == UDP link == companion process."""
-
-    mode = "micropython"
-
-    def __init__(self, *link_args: str, heap: str = HEAP, layout: str = "romfs") -> None:
-        # link_args: given to both ends (--link-key FILE); heap and layout: the gateway's
-        # (tests/support/mp_unix.py: "romfs", or "files", the .mpy files of stock firmware)
-        self.comp_url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
-        self.link_args = link_args
-        self.comp: Optional[Proc] = None
-        self.gw: Optional[MicroPythonGateway] = None
-        try:
-            self.start_companion()
-            # both clients come from 127.0.0.1, on the mcu profile's own limits: the per-address
-            # one bounds connections before HELLO only
-            self.gw = MicroPythonGateway("--link", self.comp_url, *link_args, heap=heap,
-                                         env=child_env(E2E_DOMAIN, E2E_XML), layout=layout)
-            self.port = self.gw.port
-            self.gw.wait_line(r"ROS side up", 10)
-        except BaseException:
-            self.close()
-            raise
-
-    def start_companion(self) -> None:
-        self.comp = e2e_proc(companion_argv(self.comp_url, *self.link_args))
-        self.comp.wait_line(r"companion on link")
-
-    def kill_companion(self) -> None:
-        assert self.comp is not None
-        self.comp.kill()
-
-    def ros_ups(self) -> int:
-        assert self.gw is not None
-        return len(re.findall(r"ROS side up", self.gw.text()))
-
-    def close(self) -> None:
-        if self.gw is not None:
-            self.gw.stop(signal.SIGINT)
-        if self.comp is not None:
-            self.comp.stop()
-
+from tests.support.procs import wait_for
+from tests.e2e.mp_bridge import DEEP, S, MicroPythonBridge
 
 @pytest.fixture(scope="module")
 def mp_bridge() -> Iterator[MicroPythonBridge]:

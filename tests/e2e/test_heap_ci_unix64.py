@@ -17,6 +17,7 @@ buffers still held, clients gone) within HEAP_CI_DRIFT64 of start-up's.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import signal
@@ -25,9 +26,10 @@ from typing import Any, Dict
 
 import pytest
 
-from tests.e2e.helpers import Client, Dds, key_file, ser, string_msg
-from tests.e2e.test_e2e_micropython import DEEP, S, MicroPythonBridge
+from tests.e2e.helpers import Client, key_file, ser, string_msg
+from tests.e2e.mp_bridge import DEEP, S, MicroPythonBridge
 from tests.support import mp_unix
+from tests.support.side_by_side import Outcome, side_by_side
 
 # UBRB_HEAPCI_H64 / UBRB_HEAPCI_H64_KEYED ("168k") try another heap (finding the smallest)
 HEAPS = {False: os.environ.get("UBRB_HEAPCI_H64", mp_unix.H64),
@@ -44,20 +46,23 @@ def texts(c: Client, tag: str) -> list:
     return [m for m in (bytes(g[8:]).split(b"\0")[0].decode() for g in got) if m.startswith(tag)]
 
 
-def run_load(connect: Any, keyed: bool, tmp: Any) -> Dict[str, Any]:
+def run_load(keyed: bool, tmp: Any) -> Dict[str, Any]:
     heap = HEAPS[keyed]
+    # each leg its own topics: both legs run at once, on one DDS domain
+    ab, ba = "/heapci%s_ab" % ("k" if keyed else ""), "/heapci%s_ba" % ("k" if keyed else "")
     t0 = time.monotonic()
     bridge = MicroPythonBridge(*(("--link-key", key_file(tmp)) if keyed else ()), heap=heap,
                                layout="files")
+    a = b = None
     try:
         assert bridge.gw is not None
         gw = bridge.gw
         used, free = gw.heap_after_start()
-        a, b = connect(bridge, "heapci-a"), connect(bridge, "heapci-b")
-        a.advertise(1, "/heapci_ab", S, DEEP)
-        a.subscribe(2, "/heapci_ba", S, DEEP)
-        b.advertise(1, "/heapci_ba", S, DEEP)
-        b.subscribe(2, "/heapci_ab", S, DEEP)
+        a, b = Client(bridge.port, "heapci-a"), Client(bridge.port, "heapci-b")
+        a.advertise(1, ab, S, DEEP)
+        a.subscribe(2, ba, S, DEEP)
+        b.advertise(1, ba, S, DEEP)
+        b.subscribe(2, ab, S, DEEP)
         # warm-up: until each side gets the other's messages (the companion's DDS reader and
         # writer of a topic have matched), then the load
         end = time.monotonic() + 15
@@ -92,17 +97,26 @@ def run_load(connect: Any, keyed: bool, tmp: Any) -> Dict[str, Any]:
         link = ast.literal_eval(gw.wait_line(r"link counters: (\{.*\})$", 5).group(1))
         out = gw.text()
     finally:
+        for c in (a, b):
+            if c is not None:
+                c.close()
         bridge.close()
     return {"heap": heap, "used": used, "free": free, "stop_free": int(m.group(2)),
             "stop_used": int(m.group(1)), "got": got, "errors": errors, "counters": counters,
             "link": link, "out": out, "load_s": load_s, "seconds": time.monotonic() - t0}
 
 
+@pytest.fixture(scope="module")
+def loads(dp: Any, tmp_path_factory: Any) -> Dict[bool, Outcome]:
+    """Both legs at once (each 10 s of real-time load; the gateways are separate processes).
+    (dp: the e2e session's DDS set-up, loopback only, as every chain test here)"""
+    return side_by_side({k: functools.partial(run_load, k, tmp_path_factory.mktemp("heap64"))
+                         for k in (False, True)})
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
-def test_a_crossing_load_in_the_64_bit_board_heap(connect: Any, dds: Dds, tmp_path: Any,
-                                                  keyed: bool) -> None:
-    # (dds: the e2e session's DDS set-up, loopback only, as every chain test here)
-    r = run_load(connect, keyed, tmp_path)
+def test_a_crossing_load_in_the_64_bit_board_heap(loads: Dict[bool, Outcome], keyed: bool) -> None:
+    r = loads[keyed].get()
     out, c = r["out"], r["counters"]
     line = re.search(r"heap after start-up: .*", out)
     print("64-bit, heap %s (%s): %s; at stop %d used, %d free (%+d); load %.1f s, %.1f s in all"

@@ -21,6 +21,7 @@ the load within HEAP_CI_DRIFT32 of start-up's (and not a byte below where the wa
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from ros_side.link_end import LinkCompanionEnd
 from tests.support import mp_unix
 from tests.support.procs import ROOT
 from tests.support.qos import QOS_R
+from tests.support.side_by_side import Outcome, side_by_side
 from tests.support.ubrb_frames import advertise, hello, publish, split_frames, subscribe
 from tools import deploy
 
@@ -349,9 +351,18 @@ def run_load(tmp: Path, keyed: bool) -> Dict[str, Any]:
             "link": link, "a": a, "b": b, "seconds": time.monotonic() - t0}
 
 
+@pytest.fixture(scope="module")
+def loads(tmp_path_factory: Any) -> Dict[bool, Outcome]:
+    """Both legs at once: each is its own node process stepped by its own world (~19 s each)."""
+    node_or_skip()
+    return side_by_side({k: functools.partial(run_load, tmp_path_factory.mktemp("heap32"), k)
+                         for k in (False, True)})
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
-def test_a_crossing_load_in_the_32_bit_board_heap(tmp_path: Path, keyed: bool) -> None:
-    r = run_load(tmp_path, keyed)
+def test_a_crossing_load_in_the_32_bit_board_heap(loads: Dict[bool, Outcome],
+                                                  keyed: bool) -> None:
+    r = loads[keyed].get()
     rep, a, b, out = r["report"], r["a"], r["b"], r["out"]
     start_free = rep["after_start"]["free"]
     total = rep["before"]["total"]

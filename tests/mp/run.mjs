@@ -23,9 +23,11 @@
 //
 // Environment: MP_FILE_TIMEOUT (seconds per test file, default 300); MP_HEAPSIZE (initial
 // MicroPython heap in bytes, default 1 MiB; no cap: this build grows its heap on demand, to some
-// 128 MiB), MP_PYSTACK (Python stack, default 2048).
+// 128 MiB), MP_PYSTACK (Python stack, default 2048), MP_JOBS (files run at once, default one per
+// CPU; each file's output is printed together when it ends).
 
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
@@ -172,8 +174,9 @@ async function main(args) {
   ];
 
   const timeoutS = Number(process.env.MP_FILE_TIMEOUT || 300);
+  const jobs = Math.max(1, Number(process.env.MP_JOBS || os.availableParallelism()));
   const total = { passed: 0, failed: 0, skipped: 0 };
-  for (const [file, select] of plan) {
+  const runOne = async ([file, select]) => {
     const rel = path.relative(ROOT, file);
     const files = {};
     const dirs = new Set([FS_ROOT]);
@@ -192,13 +195,21 @@ async function main(args) {
       select,
     };
     const t0 = Date.now();
-    const r = await runFile(files, cfg, timeoutS);
+    const lines = [];
+    const r = await runFile(files, cfg, timeoutS, lines);
     const dt = ((Date.now() - t0) / 1000).toFixed(1);
+    // one file's lines together, whatever else ran beside it
+    for (const [stream, s] of lines) (stream === "err" ? console.error : console.log)(s);
     console.log(`# ${rel} - ${r.passed} passed, ${r.failed} failed, ${r.skipped} skipped in ${dt} s`);
     total.passed += r.passed;
     total.failed += r.failed;
     total.skipped += r.skipped;
-  }
+  };
+  // files run side by side, each in its own instance (its heap figures are its own either way)
+  const queue = [...plan];
+  await Promise.all(Array.from({ length: Math.min(jobs, queue.length) }, async () => {
+    while (queue.length) await runOne(queue.shift());
+  }));
 
   if (total.passed === 0 && total.failed === 0) {
     console.error("run.mjs: no test ran");
@@ -226,7 +237,7 @@ function toFsPath(p) {
   return path.posix.join(FS_ROOT, ...rel.split(path.sep));
 }
 
-function runFile(files, cfg, timeoutS) {
+function runFile(files, cfg, timeoutS, lines) {
   return new Promise((resolve) => {
     const w = new Worker(new URL(import.meta.url), {
       workerData: { files, cfg },
@@ -242,17 +253,16 @@ function runFile(files, cfg, timeoutS) {
       resolve(r);
     };
     const timer = setTimeout(() => {
-      console.log(`FAIL ${cfg.label} (timed out after ${timeoutS} s; MP_FILE_TIMEOUT to change)`);
+      lines.push(["out", `FAIL ${cfg.label} (timed out after ${timeoutS} s; MP_FILE_TIMEOUT to change)`]);
       w.terminate();
       finish({ passed: 0, failed: 1, skipped: 0 });
     }, timeoutS * 1000);
     w.on("message", (m) => {
-      if (m.t === "out") console.log(m.s);
-      else if (m.t === "err") console.error(m.s);
+      if (m.t === "out" || m.t === "err") lines.push([m.t, m.s]);
       else if (m.t === "done") result = m.counts;
     });
     w.on("error", (e) => {
-      console.log(`FAIL ${cfg.label} (MicroPython instance crashed: ${e && e.stack ? e.stack : e})`);
+      lines.push(["out", `FAIL ${cfg.label} (MicroPython instance crashed: ${e && e.stack ? e.stack : e})`]);
       finish({ passed: 0, failed: 1, skipped: 0 });
     });
     w.on("exit", (code) => {
@@ -261,7 +271,7 @@ function runFile(files, cfg, timeoutS) {
         const [passed, failed, skipped] = result.split(",").map(Number);
         finish({ passed, failed, skipped });
       } else {
-        console.log(`FAIL ${cfg.label} (worker exited with code ${code} before reporting)`);
+        lines.push(["out", `FAIL ${cfg.label} (worker exited with code ${code} before reporting)`]);
         finish({ passed: 0, failed: 1, skipped: 0 });
       }
     });

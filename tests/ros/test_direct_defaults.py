@@ -17,10 +17,10 @@ import pytest
 from rosbags.typesys import Stores, get_typestore
 
 from ros_helpers import wait_for
-from test_tf_static import TF, tf_cdr
 from tests.support.procs import Proc
 from tests.support.ros_msgs import ensure_tf2_msgs
 from tests.support.ros_procs import Peer, python_for, require_ros, ros_env
+from tests.support.tf_worlds import TF, tf_cdr
 
 STORE = get_typestore(Stores.ROS2_KILTED)
 ODOM = "nav_msgs/msg/Odometry"

@@ -23,9 +23,9 @@ import pytest
 from ros_helpers import wait_for
 from ros_side.companion import TfUnion
 from ros_side.latched import decode
-from test_tf_static import LATCHED, TF, UPDATE, WANT, WORLDS, late_node_gets, tf_cdr
 from tests.support.ros_msgs import ensure_tf2_msgs
 from tests.support.ros_procs import ROS_PYTHON, Peer, require_ros, ros_env
+from tests.support.tf_worlds import LATCHED, TF, WANT, WORLDS, late_node_gets, publish_worlds, tf_cdr
 
 S = "std_msgs/msg/String"
 DEEP = {"reliability": "reliable", "durability": "transient_local", "depth": 3}
@@ -69,13 +69,7 @@ def test_latched_topics_survive_a_companion_kill(backend, tmp_path):
     clients = []
     late = None
     try:
-        for i, frames in enumerate(WORLDS):
-            c = Client(bridge.port, "world%d" % (i + 1))
-            clients.append(c)
-            c.advertise(1, "/tf_static", TF, LATCHED)
-            c.publish(1, tf_cdr(frames))
-            c.sync()
-        clients[0].publish(1, tf_cdr(UPDATE))
+        clients = publish_worlds(Client, bridge.port)
         mapper = Client(bridge.port, "mapper")
         clients.append(mapper)
         mapper.advertise(1, "/i21_map", S, DEEP)

@@ -9,7 +9,7 @@ import ubrb_min as U
 from ros_helpers import RecordingSink
 from ros_side.companion import Companion
 from ros_side.latched import LatchedStore, default_path
-from test_companion_unit import FakeBackend
+from tests.support.fake_backend import FakeBackend
 
 LATCHED = {"reliability": "reliable", "durability": "transient_local", "depth": 3}
 VOLATILE = {"reliability": "reliable", "durability": "volatile", "depth": 3}
@@ -183,7 +183,7 @@ def test_a_damaged_file_is_one_line_and_a_fresh_start(tmp_path, caplog):
 
 def test_the_tf_static_union_comes_back_whole(tmp_path):
     """The /tf_static union (TfUnion) is what is kept: restored, then merged with what follows."""
-    from test_tf_static import children, tf_cdr
+    from tests.support.tf_worlds import children, tf_cdr
     path = tmp_path / "s.latched"
     tf = "tf2_msgs/msg/TFMessage"
     q = dict(LATCHED, depth=1)
