@@ -125,7 +125,7 @@ def test_a_registration_that_does_not_fit_behind_kept_publishes_goes_first():
     # A board-sized ring full of PUBLISHes the old companion never acknowledged: the
     # registrations for the new one need the room, so the kept ones go (counted), never the
     # registrations (their clients would get ERROR link_congested and lose them)
-    p, port, gw, comp, end = setup(rel_bytes=4096, max_message=1000)
+    p, port, gw, comp, end = app_pair(rel_bytes=4096, max_message=1000)
     p.run(300)
     cut = [True]
     p.mangle = lambda data, d: [] if cut[0] else [data]
