@@ -22,8 +22,10 @@ The impairments are tools/impair.py (UdpImpairProxy between the two UDP ends; Be
 paced at baud/10 bytes/s with independent bit errors) and tools/ptyline.py (unplug/plug). Per
 condition it prints: offered (rate x seconds), written by the client, unsent (the client could not
 write them within --late s of their time: the gateway's backpressure; not delivered), delivered
-(distinct sequence numbers at the reader), missing (written, not delivered after the drain),
-duplicates and out-of-order arrivals, msg/s (steady: between the 10 % and 90 % arrival), p50/p99
+(distinct sequence numbers at the reader), missing (written, not delivered after the drain;
+the first ranges named), duplicates (by cause, from each sample's DDS writer: a restarted
+companion's latched re-publish, a record the gateway re-sent because the old companion's
+acknowledgement never came, or one writer delivering twice) and out-of-order arrivals, msg/s (steady: between the 10 % and 90 % arrival), p50/p99
 latency (due time in the payload -> arrival at the reader, client-side waiting included), the
 ERROR codes the client got, the gateway's and the companion's link counters (retx, timeouts,
 fast_retx, ooo, dup, ... from the tables they log when stopped) and what the proxy or line did;
