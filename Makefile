@@ -24,7 +24,7 @@ ROS_VENV := .venv-ros
 ROS_VENV_STAMP := $(ROS_VENV)/.stamp
 NODE_STAMP := node_modules/.stamp
 PYTEST_ARGS ?=
-TYPECHECK_PATHS ?= ubrb_min.py ubrb_setup.py ubrb_policy.py ubrb_keyed.py ubrb_stream.py ubrb_hold.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
+TYPECHECK_PATHS ?= ubrb_min.py ubrb_setup.py ubrb_policy.py ubrb_keyed.py ubrb_stream.py ubrb_hold.py ubrb_keep.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
 .PHONY: all help venv venv-ros node_modules test lint typecheck mpy fuzz clean distclean link-key
 

@@ -25,8 +25,9 @@ setup(
     packages=["ros_side", "ros_side.backends", "ubrb_host", "ubrb_client"],
     package_dir={"ubrb_host": "ports/cpython/ubrb_host"},
     # the core, beside it what start-up and the optional features load (ubrb_setup, ubrb_policy,
-    # ubrb_keyed, ubrb_stream, ubrb_hold)
-    py_modules=["ubrb_min", "ubrb_setup", "ubrb_policy", "ubrb_keyed", "ubrb_stream", "ubrb_hold"],
+    # ubrb_keyed, ubrb_stream, ubrb_hold, ubrb_keep)
+    py_modules=["ubrb_min", "ubrb_setup", "ubrb_policy", "ubrb_keyed", "ubrb_stream", "ubrb_hold",
+                "ubrb_keep"],
     data_files=[
         ("share/ament_index/resource_index/packages", ["ros_side/resource/ros_side"]),
         ("share/" + package_name, ["package.xml"]),

@@ -1791,7 +1791,11 @@ _LK_ACK_REP_MS = const(30)
 _LK_WMAX = const(64)        # largest window (frames in flight: a frame table entry each)
 _LK_FS_RETX = const(1)      # frame table flags: sent more than once (no RTT sample from it),
 _LK_FS_SACK = const(2)      # ... reported held by the peer (a selective ack),
-_LK_FS_LOST = const(4)      # ... deemed lost: sent again before any new frame
+_LK_FS_LOST = const(4)      # ... deemed lost: sent again before any new frame,
+_LK_FS_END = const(8)       # ... ends at the end of a record (it took all that was queued)
+# rel_framed at or above it: a gateway holds records kept from an old session for a new one, the
+# first rel_framed - _LK_PARKED bytes at rel_head, and frames nothing reliable meanwhile (ubrb_keep)
+_LK_PARKED = const(1 << 29)
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
@@ -2184,6 +2188,9 @@ class LinkSession:
         self.stat_counts[_LKC_REL_RESET_BYTES] += self.rel_queued
         self.una = self.nxt = 0
         self.rel_head = self.rel_queued = self.rel_framed = 0
+        # rel_head stays at a record's start: the acknowledged head of a record a frame ended
+        # inside is released with its end (_on_ack), so a new peer session can get it again
+        # whole (ubrb_keep)
         self.lost_n = self.sack_n = 0  # frames in flight marked lost (to resend) / reported held
         self.fack = 0  # the highest seq the peer reported held (valid while above una)
         self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
@@ -2512,7 +2519,7 @@ class LinkSession:
             while not self.frame_st[s & self.ft_mask] & _LK_FS_LOST:
                 s = (s + 1) & 255
             i = s & self.ft_mask
-            self.frame_st[i] = _LK_FS_RETX
+            self.frame_st[i] = (self.frame_st[i] & _LK_FS_END) | _LK_FS_RETX
             self.lost_n -= 1
             self.stat_counts[_LKC_RETX] += 1
             n = self.frame_len[i]
@@ -2529,8 +2536,8 @@ class LinkSession:
                 pos -= cap
             self.frame_off[i] = pos
             self.frame_len[i] = n
-            self.frame_st[i] = 0
             self.rel_framed += n
+            self.frame_st[i] = 0 if self.rel_framed < self.rel_queued else _LK_FS_END
             self.nxt = (s + 1) & 255
         f = self.fit
         if f is not None:
@@ -2888,8 +2895,14 @@ class LinkSession:
 
     def _discard(self):
         # throw the stream away; if the peer may hold state of it (we were UP since the last
-        # discard), become a new incarnation: a new epoch, so the peer cannot resume it
-        self._reset_stream()
+        # discard), become a new incarnation: a new epoch, so the peer cannot resume it. The
+        # gateway keeps the data records its peer may not have handed to ROS (_keep).
+        if self.rel_queued:
+            from ubrb_keep import keep  # (loaded only then: a board's heap is tight)
+
+            keep(self)  # resets it; a gateway keeps the PUBLISHes its peer may not have had
+        else:
+            self._reset_stream()
         if self.used:
             self.used = False
             e = self.nonce() if self.nonce is not None else self.epoch * 1103515245 + 12345
@@ -2937,16 +2950,19 @@ class LinkSession:
         over = False  # a frame sent again was acked sooner than its second copy could have been
         if k:
             cap = len(self.rel)
+            # rel_head moves to the end of the last frame acked that ended a record (_LK_FS_END):
+            # the acknowledged head of a record a frame ended inside stays (m: bytes acked past
+            # rel_head), so that a new peer session can get it again whole (ubrb_keep)
+            m = self.frame_off[una & self.ft_mask] - self.rel_head
+            if m < 0:
+                m += cap
+            r = 0
             while una != a:
                 i = una & self.ft_mask
-                L = self.frame_len[i]
-                h = self.rel_head + L
-                if h >= cap:
-                    h -= cap
-                self.rel_head = h
-                self.rel_queued -= L
-                self.rel_framed -= L
+                m += self.frame_len[i]
                 f = st[i]
+                if f & _LK_FS_END:
+                    r = m
                 if f & _LK_FS_LOST:
                     self.lost_n -= 1
                 if f & _LK_FS_SACK:
@@ -2957,6 +2973,10 @@ class LinkSession:
                     over = True
                 una = (una + 1) & 255
             self.una = a
+            h = self.rel_head + r
+            self.rel_head = h - cap if h >= cap else h
+            self.rel_queued -= r
+            self.rel_framed -= r
             self.nak_late = False
             inflight -= k
             self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
@@ -2976,7 +2996,7 @@ class LinkSession:
                             sample = i
                         elif now - self.frame_sent_at[i] < self.srtt >> 1:
                             over = True
-                        st[i] = (f & _LK_FS_RETX) | _LK_FS_SACK
+                        st[i] = (f & (_LK_FS_RETX | _LK_FS_END)) | _LK_FS_SACK
                         self.sack_n += 1
             f = (self.fack - a) & 255
             if top and (f >= inflight or top > f):
@@ -3302,7 +3322,6 @@ class LinkRosPort:
         self.ros_is_up = False
         self.link_is_up = False
         self.had_session = False      # a session was up before: a fresh one replaces it
-        self.reset_seen = 0           # the session's rel_reset_bytes at the last link_up
         self.c_congested = 0
         self.c_too_large = 0
         self.c_bad = 0            # records from the companion that could not be used
@@ -3521,12 +3540,8 @@ class LinkRosPort:
     # link handler
     def link_up(self, fresh):
         self.link_is_up = True        # ros_up follows the companion's hello
-        lost = self.s.stat_counts[_LKC_REL_RESET_BYTES] - self.reset_seen
-        self.reset_seen = self.s.stat_counts[_LKC_REL_RESET_BYTES]
         if fresh and self.had_session and self.sink is not None:
-            self.sink.ros_session_lost(
-                "the link to the ROS side restarted as a new session (%d bytes of reliable data "
-                "in flight discarded); registrations are handed over again" % lost)
+            self.sink.ros_session_lost("the link to the ROS side began a new session")
         self.had_session = True
         if fresh:
             self._stats = {}          # a new companion gets every counter
@@ -3588,7 +3603,11 @@ class LinkRosPort:
             if t == LK_T_CHELLO:
                 self.distro = link_text(d, "distro", 64, False)
                 self.ros_is_up = True
-                if sink is not None:
+                if self.s.rel_framed >= _LK_PARKED:  # a new companion: the PUBLISHes kept for it
+                    from ubrb_keep import keep
+
+                    keep(self)  # (ros_up, then they follow)
+                elif sink is not None:
                     sink.ros_up(self.distro, self.max_message())
                 return None
             if t != LK_T_RESULT and t != LK_T_ERROR:

@@ -81,5 +81,9 @@ class Stream:
                 return
             q = (q + 1) & 255
         s.nxt = s.una
-        s.rel_framed = 0
+        # from the oldest frame in flight, not from rel_head: the acknowledged head of a record
+        # a frame ended inside is behind it (and must not go again)
+        s.rel_framed = s.frame_off[s.una & s.ft_mask] - s.rel_head
+        if s.rel_framed < 0:
+            s.rel_framed += len(s.rel)
         s.lost_n = 0

@@ -505,12 +505,15 @@ def matched(entity: Any) -> int:
     return int(entity.get_subscription_matched_status().current_count)
 
 
-def take_raw(reader: Any, n: int = 256) -> List[bytes]:
-    """Serialized samples (encapsulation header included) taken from ``reader``."""
+def take_raw(reader: Any, n: int = 256, writers: Optional[List[int]] = None) -> List[bytes]:
+    """Serialized samples (encapsulation header included) taken from ``reader``; ``writers``
+    gets the instance handle of the DDS writer of each (which process wrote it)."""
     from cyclonedds._clayer import ddspy_take
     got = ddspy_take(reader._ref, 0xFFFF, n)
     if isinstance(got, int):
         return []
+    if writers is not None:
+        writers.extend(info.publication_handle for d, info in got if info.valid_data)
     return [d for d, info in got if info.valid_data]
 
 
@@ -524,9 +527,11 @@ def write_raw(writer: Any, cdr: bytes) -> None:
 class Collector:
     """Takes raw samples from a reader in a background thread, stamping their arrival."""
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: Any, writers: bool = False) -> None:
         self.reader = reader
         self.got: List[Tuple[float, bytes]] = []
+        # with ``writers``: the DDS writer (instance handle) of each sample in ``got``
+        self.writers: Optional[List[int]] = [] if writers else None
         self.bytes = 0
         self._stop = False
         self.t = threading.Thread(target=self._run, daemon=True)
@@ -534,7 +539,7 @@ class Collector:
 
     def _run(self) -> None:
         while not self._stop:
-            got = take_raw(self.reader, 1024)
+            got = take_raw(self.reader, 1024, self.writers)
             if not got:
                 time.sleep(0.0005)
                 continue

@@ -22,8 +22,10 @@ The impairments are tools/impair.py (UdpImpairProxy between the two UDP ends; Be
 paced at baud/10 bytes/s with independent bit errors) and tools/ptyline.py (unplug/plug). Per
 condition it prints: offered (rate x seconds), written by the client, unsent (the client could not
 write them within --late s of their time: the gateway's backpressure; not delivered), delivered
-(distinct sequence numbers at the reader), missing (written, not delivered after the drain),
-duplicates and out-of-order arrivals, msg/s (steady: between the 10 % and 90 % arrival), p50/p99
+(distinct sequence numbers at the reader), missing (written, not delivered after the drain;
+the first ranges named), duplicates (by cause, from each sample's DDS writer: a restarted
+companion's latched re-publish, a record the gateway re-sent because the old companion's
+acknowledgement never came, or one writer delivering twice) and out-of-order arrivals, msg/s (steady: between the 10 % and 90 % arrival), p50/p99
 latency (due time in the payload -> arrival at the reader, client-side waiting included), the
 ERROR codes the client got, the gateway's and the companion's link counters (retx, timeouts,
 fast_retx, ooo, dup, ... from the tables they log when stopped) and what the proxy or line did;
@@ -50,7 +52,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "ports", "cpython"))  # ubrb_host
@@ -89,7 +91,7 @@ CONDITIONS: Dict[str, Dict[str, Any]] = {
                   target=dict(delivered=0.95, p99=0.25)),
     "blackout3": dict(link="udp", rate=1000, impair={}, blackout=3.0, target=dict(missing=0)),
     "blackout10": dict(link="udp", rate=1000, impair={}, blackout=10.0, target=dict(missing=0)),
-    "kill9": dict(link="udp", rate=1000, kill9=0.5, target=dict(missing=0)),
+    "kill9": dict(link="udp", rate=1000, kill9=0.5, target=dict(missing=0, restart=True)),
     "serial": dict(link="serial", rate=100),
     "pull4": dict(link="serial", rate=40, pull=4.0, target=dict(missing=0)),
     "cut4": dict(link="serial", rate=40, cut=4.0, target=dict(missing=0)),
@@ -97,7 +99,8 @@ CONDITIONS: Dict[str, Dict[str, Any]] = {
     "ber1e-4": dict(link="serial", rate=100, ber=1e-4, target=dict(payload=0.60)),
 }
 LINK_SHOWN = ("tx_frames", "retx", "timeouts", "fast_retx", "ooo", "dup", "crc_err", "hdr_err",
-              "drop_rel_full", "drop_down", "rel_reset_bytes", "up", "down", "new")
+              "drop_rel_full", "drop_down", "rel_reset_bytes", "rel_kept_bytes", "up", "down",
+              "new")
 
 
 # -- the payload: a String whose text carries the sequence number and the time it was due ---------
@@ -317,7 +320,7 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
         w.wait_line(r"^ready", 30.0)
         if not K.wait_for(lambda: K.matched(reader) >= 1, 30.0):
             raise RuntimeError("the companion's writer never matched the reader")
-        col = K.Collector(reader)
+        col = K.Collector(reader, writers=True)
         os.kill(w.pid, signal.SIGUSR1)
         t_go = time.monotonic()
         event = threading.Thread(target=_event, args=(cond, chain, proxy, line, t_go + event_at),
@@ -328,11 +331,20 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
         unsent = {s for a, b in res["unsent"] for s in range(a, b + 1)}
         written = res["written"]
         # drain: until everything written has arrived, or nothing more for 3 s, or --drain s
+        # (distinct messages: a restarted companion's duplicates must not end it early)
         t_end = time.monotonic() + drain
         last_n, last_t = -1, time.monotonic()
+        distinct: set = set()
+        looked = 0
         while time.monotonic() < t_end:
             n = col.count()
-            if n >= written:
+            for _, d in col.got[looked:n]:
+                try:
+                    distinct.add(field_tag(d)[0])
+                except ValueError:
+                    pass
+            looked = n
+            if len(distinct - unsent) >= written - len(unsent):
                 break
             if n != last_n:
                 last_n, last_t = n, time.monotonic()
@@ -342,7 +354,6 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
         got = col.stop()
         w.proc.send_signal(signal.SIGTERM)
         r["errors"] = json.loads(w.wait_line(r"^errors: (.*)$", 10.0).group(1))
-        r.update(score(got, res, unsent))
     finally:
         if w is not None:
             w.stop()
@@ -356,6 +367,8 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
     r["gw_link"] = K.last_counters(gw_out, "link")
     r["gw"] = K.last_counters(gw_out, "gateway")
     r["comp_link"] = K.last_counters(chain.comp.output(), "link") if chain.comp else {}
+    r["comp"] = K.last_counters(chain.comp.output(), "companion") if chain.comp else {}
+    r.update(score(got, res, unsent, col.writers or [], r["comp"].get("latched_restored", 0)))
     if proxy is not None:
         r["proxy"] = proxy.counts()
     if line is not None:
@@ -392,13 +405,31 @@ def _event(cond: Dict[str, Any], chain: K.Chain, proxy: Optional[UdpImpairProxy]
         chain.start_companion()
 
 
-def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set) -> Dict[str, Any]:
+def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set,
+          writers: Sequence[int] = (), replayed: int = 0) -> Dict[str, Any]:
+    """The figures of what the reader got. ``writers``: the DDS writer of each sample (a
+    restarted companion has a new one); ``replayed``: how many samples the companion published
+    again from its latched state (ros_side/latched.py: the first ones of its new writer). A
+    duplicate is counted by its cause: ``dup_latched``, in that re-publish (every reader that
+    stayed gets the new writer's history again); ``dup_resent``, from a later writer than the
+    first copy's (a record the old companion had written to ROS whose acknowledgement never
+    reached the gateway, which sent it again: issue 20 allows these); ``dup_same_writer``, one
+    writer delivering a message twice (the link or the companion: never right)."""
     seen: Dict[int, int] = {}
+    first_by: Dict[int, Any] = {}
     lat: List[float] = []
     times: List[float] = []
     top = -1
     ooo = corrupt = 0
-    for t, d in got:
+    per_writer: Dict[Any, int] = {}       # samples so far from each writer
+    order: List[Any] = []                 # the writers, in the order they first delivered
+    dup_latched = dup_resent = dup_same = 0
+    for k, (t, d) in enumerate(got):
+        wr = writers[k] if k < len(writers) else None
+        if wr not in per_writer:
+            per_writer[wr] = 0
+            order.append(wr)
+        per_writer[wr] += 1
         try:
             s, due = field_tag(d)
             ok = d == field_cdr(s, due, len(d))
@@ -409,7 +440,14 @@ def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set) -> D
             continue
         seen[s] = seen.get(s, 0) + 1
         if seen[s] > 1:
+            if wr == first_by[s]:
+                dup_same += 1
+            elif wr != order[0] and per_writer[wr] <= replayed:
+                dup_latched += 1
+            else:
+                dup_resent += 1
             continue
+        first_by[s] = wr
         if s < top:
             ooo += 1
         top = max(top, s)
@@ -419,9 +457,12 @@ def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set) -> D
     delivered = len(seen)
     pc = K.percentiles(lat)
     span = (times[-1] - res["t0"]) if times else 0.0
+    gone = [s for s in range(written) if s not in seen and s not in unsent]
     return {"offered": res["offered"], "written": written, "unsent": len(unsent),
             "delivered": delivered, "missing": written - sum(1 for s in seen if s not in unsent),
-            "duplicates": sum(v - 1 for v in seen.values()), "out_of_order": ooo,
+            "missing_seqs": ranges(gone)[:8], "writers": len(order),
+            "duplicates": sum(v - 1 for v in seen.values()), "dup_latched": dup_latched,
+            "dup_resent": dup_resent, "dup_same_writer": dup_same, "out_of_order": ooo,
             "corrupt": corrupt,
             "delivered_unsent": sum(1 for s in seen if s in unsent),   # must stay 0
             "per_s": K.steady_rate(times), "whole_per_s": delivered / span if span > 0 else 0.0,
@@ -437,7 +478,10 @@ def met(r: Dict[str, Any]) -> Optional[bool]:
         ok = ok and r["delivered"] >= t["delivered"] * r["offered"] and r["duplicates"] == 0 \
             and r["out_of_order"] == 0 and r["p99"] is not None and r["p99"] <= t["p99"]
     if "missing" in t:
-        ok = ok and r["missing"] == 0 and r["duplicates"] == 0 and not r["gw"].get("dropped_no_ros")
+        # a restarted companion: the duplicates of its re-publish and of the gateway's re-send
+        # are allowed (see score); a duplicate from one writer never is
+        dup = r["dup_same_writer"] if t.get("restart") else r["duplicates"]
+        ok = ok and r["missing"] == 0 and dup == 0 and not r["gw"].get("dropped_no_ros")
     if "payload" in t:
         ok = ok and r.get("payload_share", 0.0) >= t["payload"]
     return bool(ok)
@@ -456,6 +500,15 @@ def fmt(r: Dict[str, Any]) -> str:
                 r["duplicates"], r["out_of_order"], r["corrupt"])]
     lines.append("    %.0f msg/s steady (%.0f whole run), latency p50 %s / p99 %s / max %s ms"
                  % (r["per_s"], r["whole_per_s"], ms(r["p50"]), ms(r["p99"]), ms(r["max"])))
+    if r["missing"]:
+        lines.append("    missing: %s" % ", ".join("%d" % a if a == b else "%d-%d" % (a, b)
+                                                   for a, b in r["missing_seqs"]))
+    if r["duplicates"] or r["writers"] > 1:
+        lines.append("    %d DDS writer(s); duplicates by cause: %d latched re-publish (the new "
+                     "writer's history: ros_side/latched.py, %d samples), %d re-sent by the "
+                     "gateway (written to ROS, not acknowledged), %d from one writer"
+                     % (r["writers"], r["dup_latched"], r["comp"].get("latched_restored", 0),
+                        r["dup_resent"], r["dup_same_writer"]))
     if "line_Bps" in r:
         lines.append("    line %d baud: %.0f B/s, %.0f msg/s of %d B if all were payload; payload "
                      "%.1f %% of the line (physical optimum with a %d B frame overhead: %.0f %%)"
@@ -468,6 +521,11 @@ def fmt(r: Dict[str, Any]) -> str:
         c = r.get(key) or {}
         lines.append("    %s: %s" % (who, ", ".join("%s %d" % (k, c[k]) for k in LINK_SHOWN
                                                     if c.get(k)) or "-"))
+    c = {k: v for k, v in (r.get("comp") or {}).items()
+         if k in ("pub_msgs", "pub_dropped", "pub_errors", "history_drops", "latched_restored")}
+    if c:
+        lines.append("    companion (the last one): " + ", ".join("%s %d" % kv
+                                                              for kv in sorted(c.items())))
     gw = {k: v for k, v in (r.get("gw") or {}).items()
           if k in ("dropped_no_ros", "dropped_queue", "errors_sent", "closed_slow")}
     if gw:

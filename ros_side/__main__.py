@@ -52,13 +52,13 @@ import argparse  # noqa: E402
 import logging  # noqa: E402
 import selectors  # noqa: E402
 import time  # noqa: E402
-from typing import Any, List, Optional  # noqa: E402
+from typing import Any, Callable, List, Optional  # noqa: E402
 
 import ubrb_min as core  # noqa: E402
 import ubrb_setup  # noqa: E402
 from ubrb_host import cli as host_cli  # noqa: E402
 from ubrb_host import link as host_link  # noqa: E402
-from ubrb_host.loop import GatewayServer, contained, mapped_buffer  # noqa: E402
+from ubrb_host.loop import STOP_DRAIN_S, GatewayServer, contained, mapped_buffer  # noqa: E402
 
 from . import latched  # noqa: E402
 from .cli import (_size, add_arguments, link_peer, make_companion,  # noqa: E402
@@ -239,8 +239,10 @@ def run_link(args: argparse.Namespace) -> int:
                                      args.latched_max_bytes)
     companion = make_companion(args, None, max_message, latched=store)
     running = [True]
+    hurry = [False]   # a second stop signal: no drain
 
     def stop(*_: Any) -> None:
+        hurry[0] = not running[0]
         running[0] = False
 
     try:  # a failure, or Ctrl-C (KeyboardInterrupt: exit 130), before it serves closes the backend
@@ -308,16 +310,62 @@ def run_link(args: argparse.Namespace) -> int:
             if end.expire(now, int(args.release_after * 1000)):
                 log.warning(
                     "link down for %.0f s: released every publisher and subscription of the "
-                    "gateway (they come back if it does)",
-                    args.release_after,
+                    "gateway (they come back if it does); %d reliable message(s) from ROS that "
+                    "waited for it dropped (counted release_drops; its clients get ERROR "
+                    "link_congested if it comes back)",
+                    args.release_after, end.last_drops,
                 )
+        drain_link(driver, session, companion, end, sel, lambda: hurry[0])
     finally:
         driver.close()
         companion.close()
         sel.close()
     log.info("stopped")
-    host_cli.log_counters({"link": driver.counters()}, log)
+    ours = dict(companion.stats)  # what it wrote to ROS and dropped, its latched re-publish
+    if companion.latched is not None:
+        ours.update(companion.latched.counters())
+    host_cli.log_counters({"link": driver.counters(), "companion": ours}, log)
     return 0
+
+
+def drain_link(driver: Any, session: Any, companion: Any, end: Any, sel: Any,
+               hurry: Callable[[], bool], limit_s: float = STOP_DRAIN_S) -> bool:
+    """A graceful stop (SIGINT, SIGTERM): serve the link until the gateway has acknowledged
+    every reliable record in its ring and the reliable ROS messages waiting for link room are
+    handed on, for at most `limit_s` or until a second signal. True when nothing was left."""
+    def left() -> int:
+        return session.rel_queued + companion.waiting()
+
+    companion.stop_taking()
+
+    if not left() or not session.is_up():
+        if left():
+            log.warning("stopping with the link down: %d bytes of reliable data for the gateway "
+                        "and %d ROS messages waiting for it dropped", session.rel_queued,
+                        companion.waiting())
+        return not left()
+    log.info("stopping: %d bytes of reliable data not yet acknowledged by the gateway, %d ROS "
+             "messages waiting for link room; draining for up to %g s (a second signal stops "
+             "at once)", session.rel_queued, companion.waiting(), limit_s)
+    t_end = time.monotonic() + limit_s
+    while not hurry() and time.monotonic() < t_end and left() and session.is_up():
+        for key, _ in sel.select(0.01):
+            if key.data == "link":
+                contained("handling link input", driver.on_readable, now_ms())
+        now = now_ms()
+        contained("companion poll", companion.poll, now)
+        contained("link timers", driver.tick, now)
+        contained("throttled messages", end.tick, now)
+        contained("link output", driver.flush, now)
+    if left():
+        log.warning("stopped before the gateway acknowledged everything: %d bytes of reliable "
+                    "data in the link's ring and %d ROS messages waiting for it dropped%s",
+                    session.rel_queued, companion.waiting(),
+                    " (a second signal)" if hurry() else " (the link is down)"
+                    if not session.is_up() else " after %g s" % limit_s)
+        return False
+    log.info("drained: the gateway acknowledged every record the companion had for it")
+    return True
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -328,6 +328,7 @@ class Companion:
         self._queued_bytes = 0
         self._too_large_pending = set()
         self._paused = set()      # reliable entities whose reader waits (backpressure)
+        self._stopping = False    # stop_taking(): a graceful stop takes no more messages
         self._held = collections.deque()  # reliable messages waiting for link room (loop thread)
         self._held_bytes = 0
         self._q_rel = self._q_rel_bytes = 0  # pausable (reliable) part of _queue
@@ -352,7 +353,7 @@ class Companion:
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
                              "reader_pauses", "qos_incompatible", "history_drops",
-                             "writers_drained", "drain_timeouts"))
+                             "writers_drained", "drain_timeouts", "release_drops"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -457,8 +458,32 @@ class Companion:
                 % (ent.topic, m, self.history_limit, _mib(self.history_used),
                    len(ent.sizes), _mib(ent.history_charge))))
 
+    def stop_taking(self):
+        """A graceful stop (ros_side/__main__.py, drain_link): take no more ROS messages, so that
+        what was taken can be handed on within the drain's bound. Reliable readers are paused
+        (their samples stay in DDS, as when the link is full); others' are dropped, counted in
+        queue_drops."""
+        with self._qlock:
+            self._stopping = True
+
+    def waiting(self):
+        """Reliable ROS messages taken from DDS and not handed to the sink yet (the link had no
+        room): what a graceful stop drains (ros_side/__main__.py, drain_link)."""
+        with self._qlock:
+            return len(self._held) + sum(1 for ent, _ in self._queue if ent.qos[0])
+
     def reset(self):
-        """A gateway session ended for good: release every ROS object it made us create."""
+        """A gateway session ended for good: release every ROS object it made us create. The
+        reliable ROS messages that were waiting for the link go with them: counted
+        (``release_drops``) and returned, {subscription slot: how many}, so that the clients
+        can be told (link_end.LinkCompanionEnd.expire)."""
+        dropped = {}
+        with self._qlock:
+            for ent, _ in self._held + self._queue:
+                if ent.qos[0] and ent.slots:
+                    self.stats["release_drops"] += 1
+                    for slot in ent.slots:
+                        dropped[slot] = dropped.get(slot, 0) + 1
         for slot in list(self._pub_slots):
             self._release_slot("pub", slot)
         for slot in list(self._sub_slots):
@@ -476,6 +501,7 @@ class Companion:
         self.stats["sessions_reset"] += 1
         if self.latched is not None:
             self.latched.unclaim()       # kept for the gateway's registrations coming back
+        return dropped
 
     def close(self, close_backend=True):
         self.reset()
@@ -698,7 +724,7 @@ class Companion:
             else:
                 qn = len(self._queue) - self._q_rel
                 qb = self._queued_bytes - self._q_rel_bytes
-            full = qn >= self._queue_limit or qb + n > self._queue_bytes_limit
+            full = qn >= self._queue_limit or qb + n > self._queue_bytes_limit or self._stopping
             if n > self._max_message:
                 ent.too_large += 1
                 ent.too_large_size = n
@@ -820,7 +846,8 @@ class Companion:
             self._held_bytes += sum(len(d) for _, d in held)
             self._inflight_rel = self._inflight_rel_bytes = 0  # delivered, or held again
             if (len(self._queue) + len(self._held) > self._queue_limit // 4
-                    or self._queued_bytes + self._held_bytes > self._queue_bytes_limit // 4):
+                    or self._queued_bytes + self._held_bytes > self._queue_bytes_limit // 4
+                    or self._stopping):
                 return
             paused = self._paused
             self._paused = set()

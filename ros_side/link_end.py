@@ -52,6 +52,10 @@ class LinkCompanionEnd:
         self.owed = {}
         self.c_answer_retry = 0
         self.throttle = LinkThrottle()  # the gateway's --throttle, applied before the link
+        # sub slot -> reliable ROS messages dropped when a session that did not come back in
+        # time was released (expire): its clients get ERROR link_congested if it does come back
+        self.drops = {}
+        self.last_drops = 0   # how many the last release dropped (the companion logs it)
 
     def _ctl(self, t, slot, obj):
         b = L.link_record_body(obj) if obj is not None else b""
@@ -63,6 +67,7 @@ class LinkCompanionEnd:
         if fresh:
             if self.had:
                 self.companion.reset()     # a new gateway: release the old one's objects
+            self.drops.clear()             # (and its clients, to be told of drops, are gone)
             self.regs.clear()
             self.results.clear()
             self.sub_rel.clear()
@@ -89,7 +94,12 @@ class LinkCompanionEnd:
         if self.down_at < 0 or now - self.down_at < after_ms:
             return False
         self.down_at = -1
-        self.companion.reset()
+        # the reliable ROS messages waiting for the gateway go too: counted, and told to the
+        # clients of each subscription when the gateway hands it over again (_control)
+        self.last_drops = 0
+        for slot, k in (self.companion.reset() or {}).items():
+            self.drops[slot] = self.drops.get(slot, 0) + k
+            self.last_drops += k
         self.regs.clear()
         self.results.clear()
         self.sub_rel.clear()
@@ -156,6 +166,11 @@ class LinkCompanionEnd:
                 self.sub_rel[slot] = q.get("reliability", "reliable") != "best_effort"
                 self.s.set_depth(slot, q.get("depth", 1))
                 c.subscribe(slot, topic, type_, qos)
+                k = self.drops.pop(slot, 0)
+                if k and key in self.regs:     # subscribed again: now its clients can be told
+                    self.ros_error("sub", slot, "link_congested", _short(
+                        "%d reliable message(s) from ROS on %s dropped: the link was down "
+                        "longer than the companion holds them (--release-after)" % (k, topic)))
             else:
                 c.advertise(slot, topic, type_, qos)
         elif t == L.LK_T_UNADV or t == L.LK_T_UNSUB:

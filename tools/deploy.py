@@ -72,6 +72,7 @@ MODULES: Tuple[Tuple[str, str], ...] = (
     ("ubrb_policy.py", "ubrb_policy"),  # loaded only with a policy flag
     ("ubrb_keyed.py", "ubrb_keyed"),  # loaded only with --link-key
     ("ubrb_stream.py", "ubrb_stream"),  # loaded only with a serial link (uart:)
+    ("ubrb_keep.py", "ubrb_keep"),  # loaded only when the companion restarts (a new session)
     ("ports/micropython/run.py", "ports/micropython/run"),
     ("ports/micropython/gateway.py", "ports/micropython/gateway"),  # start-up only
     ("ports/micropython/build.py", "ports/micropython/build"),  # start-up only

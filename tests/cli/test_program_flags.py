@@ -179,7 +179,7 @@ def test_pip_installs_exactly_the_projects_packages_and_each_extra_its_deps() ->
     assert sorted(kw["packages"]) == ["ros_side", "ros_side.backends", "ubrb_client", "ubrb_host"]
     # the core and the modules beside it that start-up and the optional features load
     assert kw["py_modules"] == ["ubrb_min", "ubrb_setup", "ubrb_policy", "ubrb_keyed", "ubrb_stream",
-                                 "ubrb_hold"]
+                                 "ubrb_hold", "ubrb_keep"]
     assert sorted(f for f in os.listdir(ROOT) if f.endswith(".py") and f != "setup.py") == sorted(
         m + ".py" for m in kw["py_modules"])
     assert kw["package_dir"] == {"ubrb_host": "ports/cpython/ubrb_host"}

@@ -1,6 +1,7 @@
 # The link's sans-IO session (docs/LINK.md): framing, resync, handshake, reliable and
 # best-effort channels, fragmentation, limits, liveness, epochs.  Time is injected (no sleeps);
 # runs under CPython (pytest) and MicroPython (tests/mp/run.mjs) alike.
+import ubrb_keep
 import ubrb_min as L
 from link_rig import Line, Pair, Rng, rel_payload, sess
 
@@ -305,6 +306,7 @@ def test_restart_new_epoch_resets_stream():
     p.up()
     for i in range(20):
         a.send(L.LK_T_PUB, 1, rel_payload(i, 20), 0, 20, True)
+    a.send(L.LK_T_ADV, 2, b"{}", 0, 2, True, True)
     a.poll_tx(p.now)  # in flight to the old companion
     # companion restarts: a new process with a new epoch
     b2 = sess(False, 3)
@@ -313,17 +315,93 @@ def test_restart_new_epoch_resets_stream():
     p.up()
     assert p.now - t0 < 300
     assert a.handler.downs == 1 and a.handler.ups == [True, True]  # fresh session
-    assert a.counters()["rel_reset_bytes"] > 0 and a.rel_queued == 0 and a.una == 0
+    assert a.una == 0 and a.nxt == 0 and a.rel_queued == ubrb_keep.parked(a)
+    # the gateway keeps the PUBLISHes the old companion never acknowledged, not the old
+    # session's control records: they wait (nothing goes) until the registrations are queued
+    assert a.rel_kept == 20 * 23 and a.counters()["rel_reset_bytes"] == 5
+    assert ubrb_keep.parked(a) == 20 * 23
+    p.run(100)
+    assert b2.handler.msgs == []
+    a.send(L.LK_T_ADV, 1, b"{}", 0, 2, True, True)
+    ubrb_keep.unpark(a)
     a.send(L.LK_T_PUB, 1, b"new", 0, 3, True)
     p.run(100)
-    assert b2.handler.msgs == [(L.LK_T_PUB, 1, b"new", True)]
-    # gateway restarts: the companion sees a fresh session too
+    assert b2.handler.msgs == [(L.LK_T_ADV, 1, b"{}", True)] + [
+        (L.LK_T_PUB, 1, rel_payload(i, 20), True) for i in range(20)] + [
+        (L.LK_T_PUB, 1, b"new", True)]
+    assert a.rel_queued == 0 and not ubrb_keep.parked(a)
+    # gateway restarts: the companion sees a fresh session too, and keeps nothing of it
+    b2.send(L.LK_T_MSG, 1, b"old", 0, 3, True)
     a2 = sess(True, 4)
     p.a = a2
     p.up()
     assert b2.handler.ups == [True, True] and b2.handler.downs == 1
+    assert getattr(b2, "rel_kept", 0) == 0 and not ubrb_keep.parked(b2)
     # frames of the old session fail the new session key's CRC
     assert b2.seed != 0 and a2.seed == b2.seed
+
+
+def test_keep_counts_in_the_core_counter():
+    if hasattr(L, "_LKC_REL_RESET_BYTES"):  # CPython (MicroPython inlines the core's consts)
+        assert ubrb_keep._REL_RESET_BYTES == L._LKC_REL_RESET_BYTES
+        assert ubrb_keep._PARKED == L._LK_PARKED
+    assert L._LK_COUNTERS.split()[18] == "rel_reset_bytes"
+
+
+def _kill9_rig(acked_frames, delivered_frames):
+    # A gateway sends 12 records of 53 bytes (9 of them PUBs, 3 control records) in frames of
+    # 116 bytes of body: most frames end inside a record. The companion gets the first
+    # `delivered_frames` of them (it hands their whole records on), the gateway gets its acks
+    # for the first `acked_frames`; then the companion dies (kill -9) and a new one pairs.
+    a = sess(True, 1, max_frame=128, datagram=True)
+    b = sess(False, 2, max_frame=128, datagram=True)
+    p = Pair(a, b)
+    p.up()
+    recs = []
+    for i in range(12):
+        t = L.LK_T_ADV if i % 4 == 3 else L.LK_T_PUB
+        body = rel_payload(i, 50)
+        recs.append((t, 1, body, True))
+        a.send(t, 1, body, 0, 50, True, t != L.LK_T_PUB)
+    frames = []
+    while True:
+        n = a.poll_tx(p.now)
+        if not n:
+            break
+        frames.append(bytes(a.tx_buf[:n]))
+    assert len(frames) == 6  # 636 bytes in 116-byte bodies
+    for i in range(delivered_frames):
+        b.feed(frames[i], 0, len(frames[i]), p.now)
+        if i < acked_frames:
+            n = b.poll_tx(p.now)
+            a.feed(b.tx_buf, 0, n, p.now)
+    b2 = sess(False, 3, max_frame=128, datagram=True)
+    p.b = b2
+    p.up()
+    ubrb_keep.unpark(a)
+    p.run(200)
+    return a, recs, b.handler.msgs, b2.handler.msgs
+
+
+def test_new_companion_gets_every_publish_not_wholly_acknowledged():
+    # frame 0 (rec 0, rec 1, 10 bytes of rec 2) delivered and acknowledged: rec 2 was not handed
+    # to ROS (the companion had 10 bytes of it), so it goes again whole, with everything after
+    a, recs, old, new = _kill9_rig(1, 1)
+    pubs = [r for r in recs if r[0] == L.LK_T_PUB]
+    assert old == recs[:2]
+    assert new == [r for r in recs[2:] if r[0] == L.LK_T_PUB]
+    assert a.rel_kept == 53 * len(new)
+    assert old[:2] + new == pubs[:2] + pubs[2:]  # each PUB once, in order: nothing lost
+
+
+def test_new_companion_duplicates_only_what_was_delivered_but_not_acknowledged():
+    # the old companion got frames 0-2 but its acks of frames 1 and 2 were lost: the records it
+    # finished in them (rec 2 to rec 5) come again; the rest once
+    a, recs, old, new = _kill9_rig(1, 3)
+    assert old == recs[:6]
+    assert new == [r for r in recs[2:] if r[0] == L.LK_T_PUB]
+    dup = [r for r in new if r in old]
+    assert dup == [r for r in recs[2:6] if r[0] == L.LK_T_PUB]
 
 
 def test_old_session_frames_rejected():

@@ -109,9 +109,41 @@ def test_companion_restart_gets_registrations_again():
     assert gw.take("up") == [("up", "jazzy", port.max_message())]
     # the gateway tells its clients that a new session replaced the old one
     lost = gw.take("lost")
-    assert len(lost) == 1 and "new session" in lost[0][1] and "bytes" in lost[0][1]
+    assert len(lost) == 1 and "new session" in lost[0][1]
     assert ("reset",) not in comp2.calls
     assert comp2.live == {("p", 1): "/a", ("s", 2): "/s"}
+    # the PUBLISH the old companion never acknowledged reaches the new one, after the
+    # registrations (issue 20: kept by the gateway's session, sent on the new CHELLO)
+    p.run(200)
+    got = [c[0] for c in comp2.calls]
+    assert comp2.calls.count(("publish", 1, b"in flight", True)) == 1
+    assert got.index("publish") > got.index("advertise") and got.index("subscribe") < \
+        got.index("publish")
+
+
+def test_a_registration_that_does_not_fit_behind_kept_publishes_goes_first():
+    # A board-sized ring full of PUBLISHes the old companion never acknowledged: the
+    # registrations for the new one need the room, so the kept ones go (counted), never the
+    # registrations (their clients would get ERROR link_congested and lose them)
+    p, port, gw, comp, end = app_pair(rel_bytes=4096, max_message=1000)
+    p.run(300)
+    cut = [True]
+    p.mangle = lambda data, d: [] if cut[0] else [data]
+    n = 0
+    while port.room(900):
+        port.publish(1, bytes(900), 0, 900, True)
+        n += 1
+    gw.pubs[1] = ("/" + "a" * 1500, "std_msgs/msg/String", QOS_R)  # 1.5 KiB of registration
+    cs2 = L.LinkSession(None, 404, False)
+    comp2 = FakeCompanion()
+    end2 = LinkCompanionEnd(cs2, comp2)
+    comp2.sink = end2
+    p.b = cs2
+    cut[0] = False
+    p.run(1000, until=lambda: len(comp2.live) == 1)
+    assert comp2.live == {("p", 1): "/" + "a" * 1500}
+    assert port.s.rel_kept == n * 904 and port.s.counters()["rel_reset_bytes"] == n * 904
+    assert not [c for c in comp2.calls if c[0] == "publish"]
 
 
 def test_glitch_resume_dedups_registrations():

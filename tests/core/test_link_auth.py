@@ -3,8 +3,9 @@
 # (tests/mp/run.mjs) alike.
 import struct
 
-import ubrb_min as L
+import ubrb_keep
 import ubrb_keyed
+import ubrb_min as L
 import ubrb_setup
 from link_rig import Pair, Rec, rel_payload
 
@@ -87,6 +88,7 @@ def test_forged_hello_then_real_peer_cannot_desync():
     p.run(2000, until=lambda: g.is_up() and c.is_up())
     assert p.now - t0 < 2000
     assert g.handler.ups[-1] == c.handler.ups[-1] == True  # noqa: E712  both fresh
+    ubrb_keep.unpark(g)  # the 5 queued meanwhile go (LinkRosPort does it on the CHELLO)
     stream(p, g, c, 100, 10)
     p.run(300)
     assert got(c)[-10:] == [rel_payload(i, 30) for i in range(100, 110)]

@@ -551,6 +551,7 @@ class LinkDriver:
         d["refused"] = self.c_refused
         d["reopen"] = self.c_reopen
         d["io_err"] = self.c_io_err
+        d["rel_kept_bytes"] = getattr(self.s, "rel_kept", 0)  # ubrb_keep's (a restarted companion)
         return d
 
     def close(self) -> None:

@@ -29,6 +29,11 @@ WRITES_PER_TURN = 16
 REFUSED_LINGER_S = 2.0  # a refused connection is drained this long so its ERROR is not reset
 REFUSED_MAX = 16  # refused connections lingering at once; more are closed at once
 READ_CHUNK = 256 * 1024  # bytes per recv: with the decoder's compaction, what a client touches
+# A graceful stop (SIGINT, SIGTERM) drains what the gateway accepted: the reliable records in the
+# link's ring until the companion has acknowledged them (handed them to ROS), and the PUBLISHes
+# held for link room, while the link is up and for at most this long; a second signal stops at
+# once (docs/LINK.md, "A graceful stop").
+STOP_DRAIN_S = 3.0
 
 
 def now_ms() -> int:
@@ -100,17 +105,73 @@ class GatewayServer:
         # with unread input (a HELLO) would send a reset that can destroy the ERROR in flight.
         self.refused: List[tuple[socket.socket, float]] = []
         self.running = True
+        self.hurry = False  # a second stop signal: no drain
         self.link_fd = -1
         if link is not None:
             self._sync_link_fd()  # fileno() is -1 while a serial device is absent
 
     def stop(self, *_: Any) -> None:
+        if not self.running:
+            self.hurry = True
         self.running = False
 
     def serve(self, until: Optional[Callable[[], bool]] = None) -> None:
         while self.running and not (until and until()):
             self.step()
+        if not self.running:
+            contained("draining the link", self.drain)
         self.close()
+
+    def _holding(self) -> int:
+        """Bytes of reliable records in the link's ring (not yet acknowledged by the companion),
+        plus one per client holding a PUBLISH for link room or with frames read, not handled."""
+        s = getattr(self.link, "s", None)
+        n = s.rel_queued if s is not None else 0
+        return n + sum(1 for ci, c in enumerate(self.gw.clients)
+                       if self.socks[ci] is not None and (c.blocked or self.gw.backlog(ci)))
+
+    def drain(self, limit_s: float = STOP_DRAIN_S) -> bool:
+        """After a stop: serve the link (and nothing new from the clients: their sockets are
+        not read, the listening socket is not accepted from) until everything the gateway
+        accepted is acknowledged by the companion, for at most `limit_s` or until a second stop
+        signal. True when nothing was left."""
+        s = getattr(self.link, "s", None)
+        if s is None or not self._holding():
+            return True
+        end = time.monotonic() + limit_s
+        log.info("stopping: %d bytes of reliable data not yet acknowledged by the companion; "
+                 "draining for up to %g s (a second signal stops at once)",
+                 s.rel_queued, limit_s)
+        for ci, sock in enumerate(self.socks):   # what they send from now on is not taken
+            if sock is not None and self.watched[ci]:
+                self.sel.unregister(sock)
+                self.watched[ci] = 0
+        self.sel.unregister(self.lsock)
+        while not self.hurry and time.monotonic() < end and self._holding() and s.is_up():
+            for key, _ in self.sel.select(0.01):
+                if key.data[0] == "link":
+                    contained("handling link input", self.link.on_readable, now_ms())
+            now = now_ms()
+            contained("gateway timers", self.gw.tick, now)   # hands held PUBLISHes on
+            for ci, sock in enumerate(self.socks):
+                if sock is not None and self.gw.backlog(ci):
+                    contained("serving client %d" % ci, self.gw.received, ci, 0, now)
+            contained("link timers", self.link.tick, now)
+            self._sync_link_fd()
+            contained("link output", self.link.flush, now)
+            for ci, sock in enumerate(self.socks):
+                if sock is not None and self.gw.clients[ci].queue.pending():
+                    self._write(ci)
+        self.sel.register(self.lsock, selectors.EVENT_READ, ("listen", -1))  # (for close)
+        left = self._holding()
+        if left:
+            log.warning("stopped before the companion acknowledged everything: %d bytes of "
+                        "reliable data in the link's ring dropped%s", s.rel_queued,
+                        " (a second signal)" if self.hurry else " (the link is down)"
+                        if not s.is_up() else " after %g s" % limit_s)
+        else:
+            log.info("drained: the companion acknowledged every record the gateway accepted")
+        return not left
 
     def step(self) -> None:
         now = now_ms()
