@@ -1864,12 +1864,6 @@ def lk_hck(b0, b1, b2):
     return t[t[t[0xFF ^ b0] ^ b1] ^ b2]
 
 
-def _lk_crc(buf, off, n, seed):
-    if off == 0 and n == len(buf):
-        return _lk_crc32(buf, seed)
-    return _lk_crc32(memoryview(buf)[off:off + n], seed)
-
-
 # binascii.crc32 takes a whole buffer (no offset, no length), so the CRC of tx_buf[0:L - 4]
 # needs an object whose length is L - 4: a memoryview slice is a new one per frame (16 bytes
 # on a 32-bit port, 32 on 64-bit). MicroPython 1.26 and later build the slice of b[i:] = x on the
@@ -1996,17 +1990,14 @@ class LinkOutput:
         """How long a loop may sleep before the link has a frame to send (0: no such time, or
         now): the pacing's next frame, so a paced line does not sit idle, and the session's loss
         timer (RACK), so a frame deemed lost is sent again when it is, not when the loop next
-        wakes for something else (its poll timeout of 20-50 ms)."""
+        wakes for something else (its poll timeout of 20-50 ms). The later of the two: the
+        frame goes when both allow it; a timer already due is the loop's next flush."""
         w = 0
         if self.pace and self.credit <= 0:
             w = -self.credit // self.pace + 1
         r = self.s.rack_at
-        if r >= 0 and self.s.state == LINK_UP:
-            r -= now
-            if r > w:     # (the frame may go when both the timer and the pacing allow it)
-                w = r
-            elif w == 0:
-                w = 1
+        if r >= 0 and r - now > w:
+            w = r - now
         return w
 
     def drop(self):

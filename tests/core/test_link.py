@@ -25,7 +25,7 @@ def test_frame_layout_and_crc_residue():
     assert bytes(b[11:16]) == b"hello"
     assert n == 16 + 4
     # CRC-32 of a frame including its CRC is the fixed residue (seeded with the session key)
-    assert L._lk_crc(b, 0, n, p.a.seed) == L.LK_RESIDUE
+    assert L._lk_crc32(memoryview(b)[0:n], p.a.seed) == L.LK_RESIDUE
     assert L.LK_RESIDUE < (1 << 30)  # a small int on 32-bit MicroPython
 
 
