@@ -58,6 +58,25 @@ Several worlds, one ``/tf_static``
     StaticTransformBroadcaster does with its own transforms). Bounded: ``TF_UNION_MAX_FRAMES``
     child frames and the largest message; past either the frames updated longest ago go.
 
+Registration work is bounded
+    Creating or deleting a DDS reader or writer costs about a millisecond (more with peers to tell),
+    and a UBRB client can churn SUBSCRIBE/UNSUBSCRIBE as fast as TCP carries them. So the backend
+    work of registrations and releases is done at most ``registration_budget_ms`` between two
+    polls; past it, they wait in ``_pending`` (one entry per slot and kind, in arrival order), which
+    ``poll`` works through under the same budget, waking the loop again while any is left. A newer
+    registration or release of a slot replaces its waiting one (``reg_coalesced``): a slot
+    subscribed and released again before its turn costs no DDS call, and a churning client holds
+    one entry per slot, so another client's registration waits behind at most one per slot. A
+    PUBLISH for a slot whose registration waits applies it first (the data follows its ADVERTISE).
+
+    A volatile reader or writer whose last slot is released lingers ``linger_ms`` (at most
+    ``linger_max`` of them, the oldest go first) and is taken again by a registration of the same
+    kind, topic, type and QoS: a topic subscribed and released over and over keeps one DDS
+    entity, with no create/delete per pair (each costs the loop a millisecond, every DDS peer a
+    discovery round, and Cyclone ~80 bytes it never gives back). So a released entity leaves the
+    ROS graph ``linger_ms`` later. A transient_local one is deleted at once: its history would hand
+    the last registration's samples to a late joiner of the next one.
+
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
     (foreign subscribers only) and calls ``ros_sub_count(slot, count)`` when a slot's count differs
@@ -224,7 +243,7 @@ class _Entity:
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
                  "history_charge", "incompatible_seen", "incompatible_last",
                  "incompatible_policy", "tf_union", "sizes", "largest", "pause_ok",
-                 "refused_last")
+                 "refused_last", "idle_since")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -251,6 +270,7 @@ class _Entity:
         self.incompatible_last = None  # now of the last qos_incompatible report
         self.incompatible_policy = ""  # the policy the backend named last (for /diagnostics)
         self.tf_union = None        # TfUnion of a transient_local TFMessage publisher
+        self.idle_since = None      # now when its last slot went (lingering, Companion._idle)
 
 
 class Companion:
@@ -262,7 +282,8 @@ class Companion:
                  too_large_interval_ms=1000, incompatible_interval_ms=5000,
                  diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
-                 max_history_bytes=None, latched=None, history_interval_ms=1000, names=None):
+                 max_history_bytes=None, latched=None, history_interval_ms=1000, names=None,
+                 registration_budget_ms=10, linger_ms=1000, linger_max=64):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -321,6 +342,16 @@ class Companion:
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
 
+        # registrations and releases waiting for their turn: (kind, slot) -> (topic, type, qos),
+        # or None for a release; and the ms of backend work done for them since the last poll
+        self._pending = {}
+        self._reg_budget = float(registration_budget_ms)
+        self._reg_spent = 0.0
+        # released volatile entities kept for reuse: (kind, topic) -> _Entity, oldest first
+        self._idle = {}
+        self._linger = int(linger_ms)
+        self._linger_max = int(linger_max)
+
         self._now = None
         self._next_count = None
         self._next_diag = None
@@ -331,7 +362,8 @@ class Companion:
             (k, 0) for k in ("pub_msgs", "pub_bytes", "pub_dropped", "pub_errors",
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
-                             "reader_pauses", "qos_incompatible", "history_drops"))
+                             "reader_pauses", "qos_incompatible", "history_drops",
+                             "reg_deferred", "reg_coalesced", "entities_reused"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -365,17 +397,59 @@ class Companion:
         return self._max_message
 
     def advertise(self, slot, topic, type, qos):  # noqa: A002 - DESIGN.md's parameter name
-        self._register("pub", slot, topic, type, qos)
+        self._reg_op("pub", slot, (topic, type, qos))
 
     def subscribe(self, slot, topic, type, qos):  # noqa: A002
-        self._register("sub", slot, topic, type, qos)
+        self._reg_op("sub", slot, (topic, type, qos))
 
     def unadvertise(self, slot):
-        self._release_slot("pub", slot)
+        self._reg_op("pub", slot, None)
         self.forget_latched(slot)        # released by the gateway: its samples go too
 
     def unsubscribe(self, slot):
-        self._release_slot("sub", slot)
+        self._reg_op("sub", slot, None)
+
+    def _reg_op(self, kind, slot, want):
+        """A registration (``want`` = (topic, type, qos)) or release (None) of a slot: done now
+        while this poll interval's budget lasts and nothing waits, else queued for poll()."""
+        pend = self._pending
+        if not pend and self._reg_spent < self._reg_budget:
+            self._apply(kind, slot, want)
+            return
+        key = (kind, slot)
+        if pend.pop(key, 0) != 0:
+            self.stats["reg_coalesced"] += 1
+        self.stats["reg_deferred"] += 1
+        held = self._pub_slots if kind == "pub" else self._sub_slots
+        if want is None and slot not in held:
+            return                       # registered and released before its turn: nothing
+        if not pend:
+            self._wake()                 # poll() soon, not after the loop's idle timeout
+        pend[key] = want                 # to the end: a churning slot never jumps the queue
+
+    def _apply(self, kind, slot, want):
+        t = time.perf_counter()
+        if want is None:
+            self._release_slot(kind, slot)
+        else:
+            self._register(kind, slot, *want)
+        self._reg_spent += (time.perf_counter() - t) * 1000.0
+
+    def _run_pending(self):
+        """poll(): the waiting registrations and releases, oldest first, within the budget."""
+        self._reg_spent = 0.0
+        pend = self._pending
+        while pend and self._reg_spent < self._reg_budget:
+            key = next(iter(pend))
+            self._apply(key[0], key[1], pend.pop(key))
+        if pend:
+            self._wake()                 # the rest on the next poll, after the loop's other work
+
+    def _wake(self):
+        try:
+            os.write(self._wfd, b"\x00")
+        except (BlockingIOError, OSError):
+            pass
 
     def forget_latched(self, slot):
         """Link mode: the gateway released publisher `slot`, which this companion does not hold
@@ -384,6 +458,8 @@ class Companion:
             self.latched.drop(slot)
 
     def publish(self, slot, buf, off, n, reliable):
+        if self._pending and ("pub", slot) in self._pending:
+            self._apply("pub", slot, self._pending.pop(("pub", slot)))  # its ADVERTISE first
         ent = self._pub_slots.get(slot)
         if ent is None or ent.handle is None:
             self.stats["pub_dropped"] += 1
@@ -438,10 +514,12 @@ class Companion:
 
     def reset(self):
         """A gateway session ended for good: release every ROS object it made us create."""
+        self._pending.clear()
         for slot in list(self._pub_slots):
             self._release_slot("pub", slot)
         for slot in list(self._sub_slots):
             self._release_slot("sub", slot)
+        self._expire_idle(0, everything=True)
         with self._qlock:
             self._queue.clear()
             self._queued_bytes = 0
@@ -510,6 +588,10 @@ class Companion:
             self._result(kind, slot, e.code, e.message)
             return
         ent = same_kind.get(topic)
+        if ent is None and self._idle:
+            ent = self._take_idle(kind, topic, ros_type, q)
+            if ent is not None:
+                same_kind[topic] = ent
         if ent is None:
             ent = _Entity(kind, topic, ros_type, q, None)
             try:
@@ -572,16 +654,59 @@ class Companion:
         same_kind = self._pubs if kind == "pub" else self._subs
         if same_kind.get(ent.topic) is ent:
             del same_kind[ent.topic]
+        if self._linger > 0 and not ent.qos[1] and ent.handle is not None:
+            # its share of --max-history-bytes is given back now, as for a deleted one: what
+            # DDS still holds for it lingers too, and is counted afresh if it is taken again
+            self.history_used -= ent.history_charge
+            ent.history_charge = ent.largest = 0
+            if ent.sizes:
+                ent.sizes.clear()
+            idle = self._idle
+            idle.pop((kind, ent.topic), None)
+            ent.idle_since = self._now
+            idle[(kind, ent.topic)] = ent
+            if len(idle) > self._linger_max:
+                self._destroy(idle.pop(next(iter(idle))))
+            return
+        self._destroy(ent)
+
+    def _take_idle(self, kind, topic, ros_type, q):
+        """A lingering entity for this registration, or None. One on the topic that does not fit
+        (another kind with another type, or another QoS) is deleted: the backend could not
+        create the new one beside it."""
+        ent = self._idle.pop((kind, topic), None)
+        if ent is not None:
+            if ent.type == ros_type and ent.qos == q:
+                self.stats["entities_reused"] += 1
+                ent.created = None          # counts: the grace starts again
+                return ent
+            self._destroy(ent)
+        other = self._idle.get(("sub" if kind == "pub" else "pub", topic))
+        if other is not None and other.type != ros_type:
+            self._destroy(self._idle.pop((other.kind, topic)))
+        return None
+
+    def _expire_idle(self, now, everything=False):
+        idle = self._idle
+        while idle:
+            key = next(iter(idle))
+            ent = idle[key]
+            if not everything and ent.idle_since is not None \
+                    and now - ent.idle_since < self._linger:
+                return
+            self._destroy(idle.pop(key))
+
+    def _destroy(self, ent):
         handle, ent.handle = ent.handle, None
         self.history_used -= ent.history_charge
         ent.history_charge = 0
         try:
-            if kind == "pub":
+            if ent.kind == "pub":
                 self.backend.destroy_publisher(handle)
             else:
                 self.backend.destroy_subscription(handle)
         except Exception:
-            log.exception("releasing %s %r failed", kind, ent.topic)
+            log.exception("releasing %s %r failed", ent.kind, ent.topic)
 
     # -- backend thread -> loop thread ---------------------------------------------------------
     def _callback_for(self, ent):
@@ -645,6 +770,7 @@ class Companion:
                 pass
         except (BlockingIOError, OSError):
             pass
+        self._run_pending()
         with self._qlock:
             self._signalled = False
             batch = self._queue
@@ -662,8 +788,8 @@ class Companion:
         room = getattr(sink, "room", None)  # a link end: reliable messages wait for link room
         held = None
         for ent, data in batch:
-            if ent.handle is None or sink is None:
-                continue
+            if ent.handle is None or sink is None or not ent.slots:
+                continue                 # (no slots: a lingering reader's, for nobody)
             n = len(data)
             if room is not None and ent.qos[0] and (
                     (held is not None and ent in held[1]) or not room(n * len(ent.slots))):
@@ -688,6 +814,8 @@ class Companion:
         if self._next_count is None or now >= self._next_count:
             self._next_count = now + self._count_interval
             self._poll_counts(now)
+        if self._idle:
+            self._expire_idle(now)
         if self.latched is not None:
             self.latched.tick(now)
         if self._diag_period and (self._next_diag is None or now >= self._next_diag):
@@ -824,6 +952,8 @@ class Companion:
         d["max_message"] = self._max_message
         d["history_bytes_reserved"] = self.history_used
         d["history_bytes_limit"] = self.history_limit
+        d["reg_waiting"] = len(self._pending)
+        d["entities_lingering"] = len(self._idle)
         d.update(self.stats)
         if self.latched is not None:
             d.update(self.latched.counters())
