@@ -74,8 +74,9 @@ Registration work is bounded
     kind, topic, type and QoS: a topic subscribed and released over and over keeps one DDS
     entity, with no create/delete per pair (each costs the loop a millisecond, every DDS peer a
     discovery round, and Cyclone ~80 bytes it never gives back). So a released entity leaves the
-    ROS graph ``linger_ms`` later. A transient_local one is deleted at once: its history would hand
-    the last registration's samples to a late joiner of the next one.
+    ROS graph ``linger_ms`` later (250 ms: a client's release is still seen within a second). A
+    transient_local one is deleted at once: its history would hand the last registration's
+    samples to a late joiner of the next one.
 
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
@@ -283,7 +284,7 @@ class Companion:
                  diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
                  max_history_bytes=None, latched=None, history_interval_ms=1000, names=None,
-                 registration_budget_ms=10, linger_ms=1000, linger_max=64):
+                 registration_budget_ms=10, linger_ms=250, linger_max=64):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -436,12 +437,15 @@ class Companion:
         self._reg_spent += (time.perf_counter() - t) * 1000.0
 
     def _run_pending(self):
-        """poll(): the waiting registrations and releases, oldest first, within the budget."""
+        """poll(): the waiting registrations and releases, oldest first, within the budget
+        (at least one a poll)."""
         self._reg_spent = 0.0
         pend = self._pending
-        while pend and self._reg_spent < self._reg_budget:
+        while pend:
             key = next(iter(pend))
             self._apply(key[0], key[1], pend.pop(key))
+            if self._reg_spent >= self._reg_budget:
+                break
         if pend:
             self._wake()                 # the rest on the next poll, after the loop's other work
 

@@ -40,9 +40,9 @@ def test_reregistration_and_release(sink):
     c.advertise(1, "/a", "std_msgs/String", dict(QOS_R, depth=10))   # the same again (after ros_up)
     assert len(b.created) == 1 and sink.results() == [("pub", 1, None)] * 2
     c.advertise(1, "/b", "std_msgs/msg/String", QOS_R)               # slot reused for another topic
-    c.poll(999)
-    assert b.destroyed == [] and len(b.created) == 2                 # /a's writer lingers 1 s
-    c.poll(1000)
+    c.poll(249)
+    assert b.destroyed == [] and len(b.created) == 2                 # /a's writer lingers 250 ms
+    c.poll(250)
     assert b.destroyed == [b.created[0]]
     c.advertise(2, "/b", "std_msgs/msg/String", dict(QOS_R, depth=1))
     c.advertise(3, "/c", "std_msgs/msg/String", dict(QOS_R, depth=0))
