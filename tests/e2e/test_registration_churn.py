@@ -83,7 +83,7 @@ class Churner(threading.Thread):
     def errors(self) -> List[bytes]:
         """The ERRORs it was sent (read up to the PONG of a PING: all of them)."""
         self.c.ping()
-        got = []
+        got: List[bytes] = []
         while True:
             f = self.c.recv_frame(10.0)
             assert f is not None, "the gateway closed the churner's connection"
@@ -117,15 +117,16 @@ def test_churn_cannot_delay_another_clients_registration(chain: Any, kind: str) 
     try:
         churn.start()
         assert wait_for(lambda: churn.pairs >= 3000 or churn.failed, 20), churn.failed
-        delays = []
+        delays: List[float] = []
         for i in range(1, 6):
             # each a new client: its first SUB_COUNT is not held back by the gateway's 0.5 s pace
             v = Client(gw.port, "victim%d" % i)
             victims.append(v)
             t0 = time.monotonic()
             v.advertise(1, "/e2e_victim_%s_%d" % (kind, i), S, QOS_R)
-            assert v.wait(lambda v=v: v.count_of(1) is not None or v.errors, 20), \
-                "registration %d not answered within 20 s" % i
+            def answered(v: Client = v) -> bool:
+                return v.count_of(1) is not None or bool(v.errors)
+            assert v.wait(answered, 20), "registration %d not answered within 20 s" % i
             assert v.errors == [], v.errors
             with v.cv:   # when the answer arrived (the reader thread's clock)
                 delays.append(next(t for op, t in v.frames if op == U.OP_SUB_COUNT) - t0)
