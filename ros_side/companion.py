@@ -344,7 +344,8 @@ class Companion:
         os.set_blocking(self._wfd, False)
 
         # registrations and releases waiting for their turn: (kind, slot) -> (topic, type, qos),
-        # or None for a release; and the ms of backend work done for them since the last poll
+        # (topic, type, qos, True) when the slot's held registration is released first, or None
+        # for a release; and the ms of backend work done for them since the last poll
         self._pending = {}
         self._reg_budget = float(registration_budget_ms)
         self._reg_spent = 0.0
@@ -418,22 +419,27 @@ class Companion:
             self._apply(kind, slot, want)
             return
         key = (kind, slot)
-        if pend.pop(key, 0) != 0:
+        prev = pend.pop(key, 0)
+        if prev != 0:
             self.stats["reg_coalesced"] += 1
         self.stats["reg_deferred"] += 1
         held = self._pub_slots if kind == "pub" else self._sub_slots
         if want is None and slot not in held:
             return                       # registered and released before its turn: nothing
+        if want is not None and (prev is None or (prev != 0 and len(prev) > 3)):
+            # a release of the held one came first: this is a new registration even if it is
+            # the same again (its subscriber count is reported afresh, a latched one is new)
+            want = want + (True,)
         if not pend:
             self._wake()                 # poll() soon, not after the loop's idle timeout
         pend[key] = want                 # to the end: a churning slot never jumps the queue
 
     def _apply(self, kind, slot, want):
         t = time.perf_counter()
-        if want is None:
+        if want is None or len(want) > 3:
             self._release_slot(kind, slot)
-        else:
-            self._register(kind, slot, *want)
+        if want is not None:
+            self._register(kind, slot, want[0], want[1], want[2])
         self._reg_spent += (time.perf_counter() - t) * 1000.0
 
     def _run_pending(self):
