@@ -177,6 +177,7 @@ def run(seconds: float, kind: str, topics: int, backend: str) -> Tuple[str, ...]
         churn = Churner(chain.port, kind, topics)
         churn.start()
         t0 = time.monotonic()
+        cpu0 = K.cpu_s(chain.comp.pid)
         busy: List[Tuple[float, Any]] = []
         rss: List[Tuple[float, int, int]] = []      # (t, rss KiB, pairs)
         i = 100
@@ -189,6 +190,7 @@ def run(seconds: float, kind: str, topics: int, backend: str) -> Tuple[str, ...]
             victim.send(F.encode_json_frame(F.UNADVERTISE, {"id": i}))
             rss.append((time.monotonic() - t0, K.rss_kib(chain.comp.pid), churn.pairs))
             time.sleep(1.0)
+        cpu1 = K.cpu_s(chain.comp.pid)
         counters = companion_counters(chain)
         churn.stop.set()
         churn.join(5)
@@ -211,6 +213,9 @@ def run(seconds: float, kind: str, topics: int, backend: str) -> Tuple[str, ...]
         "100 ms %s, most CPU in one iteration %s ms (target: at most 100 ms)" % (
             loop.get("lag_peak_ms", "?"), loop.get("lag_max_ms", "?"),
             loop.get("stalls_100ms", 0), loop.get("cpu_peak_ms", "?")),
+        "  companion CPU during the churn: %.1f s used, %.1f s runnable but waiting for a CPU "
+        "(a shared machine: a lag far above the CPU of one iteration is that wait)" % (
+            cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]),
         "  link down during the run: %d" % counters["link"].get("down", 0),
         "  companion RSS: %d KiB at %.0f s, %d KiB at %.0f s: %+d KiB over %d pairs, %+.2f B "
         "per pair (before the fix: +80)" % (
