@@ -69,6 +69,9 @@ log = logging.getLogger("ros_side")
 
 DEFAULT_LINK = "udp://127.0.0.1:8269"  # other addresses: --link-key (or --insecure-link)
 STATS_PERIOD_MS = 1000
+# link input handled per loop turn, at most (then the companion's poll, timers and output get
+# their turn): a client churning registrations fills every frame with records (issue 20)
+LINK_INPUT_BUDGET_MS = 10
 
 
 def now_ms() -> int:
@@ -145,6 +148,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p)
     host_cli.add_program_arguments(p, f"{core.VERSION} (UBRB v1)")
     return p
+
+
+class LoopLag:
+    """How long the loop was kept from serving: per iteration, the time it took beyond the wait it
+    asked select for (handling link input, the companion's poll, timers, output, and a select
+    that came back late). ``lag_max_ms``: the worst over the last stats period; ``lag_peak_ms``:
+    since start; ``stalls_100ms``: iterations over 100 ms; ``cpu_peak_ms``: the most CPU time
+    the loop's thread spent in one iteration (a lag far above it is the process waiting for a
+    CPU, a machine too busy, not the companion's own work)."""
+
+    def __init__(self) -> None:
+        self.period = self.peak = self.cpu_peak = 0.0
+        self.stalls = 0
+
+    def iteration(self, start: float, woke: float, timeout: float, cpu: float) -> None:
+        """``start``/``woke``: perf_counter() before and after select(``timeout`` s); ``cpu``:
+        thread_time() when it woke."""
+        lag = (time.perf_counter() - start - min(woke - start, timeout)) * 1000.0
+        self.cpu_peak = max(self.cpu_peak, (time.thread_time() - cpu) * 1000.0)
+        if lag > self.period:
+            self.period = lag
+            self.peak = max(self.peak, lag)
+        if lag > 100.0:
+            self.stalls += 1
+
+    def counters(self, new_period: bool = False) -> dict:
+        d = {"lag_max_ms": int(self.period), "lag_peak_ms": int(self.peak),
+             "stalls_100ms": self.stalls, "cpu_peak_ms": int(self.cpu_peak)}
+        if new_period:
+            self.period = 0.0
+        return d
 
 
 class CompanionPump:
@@ -263,7 +297,9 @@ def run_link(args: argparse.Namespace) -> int:
     except BaseException:
         companion.close()
         raise
-    on_usr1 = host_cli.CountersOnSignal(lambda: {"link": driver.counters()}, log)
+    lag = LoopLag()
+    on_usr1 = host_cli.CountersOnSignal(
+        lambda: {"link": driver.counters(), "loop": lag.counters()}, log)
     sel = selectors.DefaultSelector()
     sel.register(companion.wake_fd(), selectors.EVENT_READ, "companion")
     link_fd = -1
@@ -289,10 +325,15 @@ def run_link(args: argparse.Namespace) -> int:
             wait = driver.wait_ms(now_ms())  # wake when the next frame may go
             timeout = min(0.02, wait / 1000.0) if wait else 0.02
             timeout = min(timeout, end.deadline(now_ms()) / 1000.0)  # a throttled message due
-            for key, _ in sel.select(timeout):
+            start = time.perf_counter()
+            ready = sel.select(timeout)
+            woke = time.perf_counter()
+            cpu = time.thread_time()
+            for key, _ in ready:
                 now = now_ms()
                 if key.data == "link":
-                    contained("handling link input", driver.on_readable, now)
+                    contained("handling link input", driver.on_readable, now,
+                              LINK_INPUT_BUDGET_MS)
                 else:
                     contained("companion poll", companion.poll, now)
             now = now_ms()
@@ -307,6 +348,7 @@ def run_link(args: argparse.Namespace) -> int:
             if now - last_stats >= STATS_PERIOD_MS:
                 last_stats = now
                 companion.set_stats("link", driver.counters())
+                companion.set_stats("loop", lag.counters(new_period=True))
             if end.expire(now, int(args.release_after * 1000)):
                 log.warning(
                     "link down for %.0f s: released every publisher and subscription of the "
@@ -315,6 +357,7 @@ def run_link(args: argparse.Namespace) -> int:
                     "link_congested if it comes back)",
                     args.release_after, end.last_drops,
                 )
+            lag.iteration(start, woke, max(timeout, 0.0), cpu)
         drain_link(driver, session, companion, end, sel, lambda: hurry[0])
     finally:
         driver.close()
@@ -324,7 +367,8 @@ def run_link(args: argparse.Namespace) -> int:
     ours = dict(companion.stats)  # what it wrote to ROS and dropped, its latched re-publish
     if companion.latched is not None:
         ours.update(companion.latched.counters())
-    host_cli.log_counters({"link": driver.counters(), "companion": ours}, log)
+    host_cli.log_counters({"link": driver.counters(), "loop": lag.counters(),
+                           "companion": ours}, log)
     return 0
 
 

@@ -66,6 +66,26 @@ Releasing a publisher (issue 21)
     accepted before a client closed or unadvertised reaches ROS. ``close`` waits for them,
     ``CLOSE_DRAIN_MS`` in all.
 
+Registration work is bounded
+    Creating or deleting a DDS reader or writer costs about a millisecond (more with peers to tell),
+    and a UBRB client can churn SUBSCRIBE/UNSUBSCRIBE as fast as TCP carries them. So the backend
+    work of registrations and releases is done at most ``registration_budget_ms`` between two
+    polls; past it, they wait in ``_pending`` (one entry per slot and kind, in arrival order), which
+    ``poll`` works through under the same budget, waking the loop again while any is left. A newer
+    registration or release of a slot replaces its waiting one (``reg_coalesced``): a slot
+    subscribed and released again before its turn costs no DDS call, and a churning client holds
+    one entry per slot, so another client's registration waits behind at most one per slot. A
+    PUBLISH for a slot whose registration waits applies it first (the data follows its ADVERTISE).
+
+    A volatile reader or writer whose last slot is released lingers ``linger_ms`` (at most
+    ``linger_max`` of them, the oldest go first) and is taken again by a registration of the same
+    kind, topic, type and QoS: a topic subscribed and released over and over keeps one DDS
+    entity, with no create/delete per pair (each costs the loop a millisecond, every DDS peer a
+    discovery round, and Cyclone ~80 bytes it never gives back). So a released entity leaves the
+    ROS graph ``linger_ms`` later (250 ms: a client's release is still seen within a second). A
+    transient_local one is deleted at once: its history would hand the last registration's
+    samples to a late joiner of the next one.
+
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
     (foreign subscribers only) and calls ``ros_sub_count(slot, count)`` when a slot's count differs
@@ -241,7 +261,7 @@ class _Entity:
                  "count", "too_large", "too_large_size", "too_large_last", "msgs", "bytes",
                  "history_charge", "incompatible_seen", "incompatible_last",
                  "incompatible_policy", "tf_union", "sizes", "largest", "pause_ok",
-                 "refused_last")
+                 "refused_last", "idle_since")
 
     def __init__(self, kind, topic, ros_type, qos, now):
         self.kind = kind
@@ -268,6 +288,7 @@ class _Entity:
         self.incompatible_last = None  # now of the last qos_incompatible report
         self.incompatible_policy = ""  # the policy the backend named last (for /diagnostics)
         self.tf_union = None        # TfUnion of a transient_local TFMessage publisher
+        self.idle_since = None      # now when its last slot went (lingering, Companion._idle)
 
 
 class Companion:
@@ -279,7 +300,8 @@ class Companion:
                  too_large_interval_ms=1000, incompatible_interval_ms=5000,
                  diagnostics_period_ms=1000,
                  diagnostics_topic="/diagnostics", hardware_id="ubrb",
-                 max_history_bytes=None, latched=None, history_interval_ms=1000, names=None):
+                 max_history_bytes=None, latched=None, history_interval_ms=1000, names=None,
+                 registration_budget_ms=10, linger_ms=250, linger_max=64):
         self.backend = backend
         self.sink = sink
         self.distro = getattr(backend, "distro", "unknown")
@@ -342,6 +364,17 @@ class Companion:
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
 
+        # registrations and releases waiting for their turn: (kind, slot) -> (topic, type, qos),
+        # (topic, type, qos, True) when the slot's held registration is released first, or None
+        # for a release; and the ms of backend work done for them since the last poll
+        self._pending = {}
+        self._reg_budget = float(registration_budget_ms)
+        self._reg_spent = 0.0
+        # released volatile entities kept for reuse: (kind, topic) -> _Entity, oldest first
+        self._idle = {}
+        self._linger = int(linger_ms)
+        self._linger_max = int(linger_max)
+
         self._now = None
         self._next_count = None
         self._next_diag = None
@@ -353,7 +386,8 @@ class Companion:
                              "sub_msgs", "sub_bytes", "queue_drops", "too_large_drops",
                              "errors_sent", "results_ok", "diag_published", "sessions_reset",
                              "reader_pauses", "qos_incompatible", "history_drops",
-                             "writers_drained", "drain_timeouts", "release_drops"))
+                             "writers_drained", "drain_timeouts", "release_drops",
+                             "reg_deferred", "reg_coalesced", "entities_reused"))
 
     # -- wiring -------------------------------------------------------------------------------
     def wake_fd(self):
@@ -387,17 +421,67 @@ class Companion:
         return self._max_message
 
     def advertise(self, slot, topic, type, qos):  # noqa: A002 - DESIGN.md's parameter name
-        self._register("pub", slot, topic, type, qos)
+        self._reg_op("pub", slot, (topic, type, qos))
 
     def subscribe(self, slot, topic, type, qos):  # noqa: A002
-        self._register("sub", slot, topic, type, qos)
+        self._reg_op("sub", slot, (topic, type, qos))
 
     def unadvertise(self, slot):
-        self._release_slot("pub", slot)
+        self._reg_op("pub", slot, None)
         self.forget_latched(slot)        # released by the gateway: its samples go too
 
     def unsubscribe(self, slot):
-        self._release_slot("sub", slot)
+        self._reg_op("sub", slot, None)
+
+    def _reg_op(self, kind, slot, want):
+        """A registration (``want`` = (topic, type, qos)) or release (None) of a slot: done now
+        while this poll interval's budget lasts and nothing waits, else queued for poll()."""
+        pend = self._pending
+        if not pend and self._reg_spent < self._reg_budget:
+            self._apply(kind, slot, want)
+            return
+        key = (kind, slot)
+        prev = pend.pop(key, 0)
+        if prev != 0:
+            self.stats["reg_coalesced"] += 1
+        self.stats["reg_deferred"] += 1
+        held = self._pub_slots if kind == "pub" else self._sub_slots
+        if want is None and slot not in held:
+            return                       # registered and released before its turn: nothing
+        if want is not None and (prev is None or (prev != 0 and len(prev) > 3)):
+            # a release of the held one came first: this is a new registration even if it is
+            # the same again (its subscriber count is reported afresh, a latched one is new)
+            want = want + (True,)
+        if not pend:
+            self._wake()                 # poll() soon, not after the loop's idle timeout
+        pend[key] = want                 # to the end: a churning slot never jumps the queue
+
+    def _apply(self, kind, slot, want):
+        t = time.perf_counter()
+        if want is None or len(want) > 3:
+            self._release_slot(kind, slot)
+        if want is not None:
+            self._register(kind, slot, want[0], want[1], want[2])
+        self._reg_spent += (time.perf_counter() - t) * 1000.0
+
+    def _run_pending(self):
+        """poll(): the waiting registrations and releases, oldest first, within the budget
+        (at least one a poll)."""
+        self._reg_spent = 0.0
+        pend = self._pending
+        while pend:
+            key = next(iter(pend))
+            self._apply(key[0], key[1], pend.pop(key))
+            if self._reg_spent >= self._reg_budget:
+                break
+        if pend:
+            self._wake()                 # the rest on the next poll, after the loop's other work
+
+    def _wake(self):
+        try:
+            os.write(self._wfd, b"\x00")
+        except (BlockingIOError, OSError):
+            pass
 
     def forget_latched(self, slot):
         """Link mode: the gateway released publisher `slot`, which this companion does not hold
@@ -406,6 +490,8 @@ class Companion:
             self.latched.drop(slot)
 
     def publish(self, slot, buf, off, n, reliable):
+        if self._pending and ("pub", slot) in self._pending:
+            self._apply("pub", slot, self._pending.pop(("pub", slot)))  # its ADVERTISE first
         ent = self._pub_slots.get(slot)
         if ent is None or ent.handle is None:
             self.stats["pub_dropped"] += 1
@@ -484,10 +570,12 @@ class Companion:
                     self.stats["release_drops"] += 1
                     for slot in ent.slots:
                         dropped[slot] = dropped.get(slot, 0) + 1
+        self._pending.clear()
         for slot in list(self._pub_slots):
             self._release_slot("pub", slot)
         for slot in list(self._sub_slots):
             self._release_slot("sub", slot)
+        self._expire_idle(0, everything=True)
         with self._qlock:
             self._queue.clear()
             self._queued_bytes = 0
@@ -558,6 +646,10 @@ class Companion:
             self._result(kind, slot, e.code, e.message)
             return
         ent = same_kind.get(topic)
+        if ent is None and self._idle:
+            ent = self._take_idle(kind, topic, ros_type, q)
+            if ent is not None:
+                same_kind[topic] = ent
         if ent is None:
             if self._draining:
                 self._end_drains(topic, ros_type)
@@ -622,8 +714,54 @@ class Companion:
         same_kind = self._pubs if kind == "pub" else self._subs
         if same_kind.get(ent.topic) is ent:
             del same_kind[ent.topic]
+        if self._linger > 0 and not ent.qos[1] and ent.handle is not None:
+            # its share of --max-history-bytes is given back now, as for a deleted one: what
+            # DDS still holds for it lingers too, and is counted afresh if it is taken again
+            self.history_used -= ent.history_charge
+            ent.history_charge = ent.largest = 0
+            if ent.sizes:
+                ent.sizes.clear()
+            idle = self._idle
+            idle.pop((kind, ent.topic), None)
+            ent.idle_since = self._now
+            idle[(kind, ent.topic)] = ent
+            if len(idle) > self._linger_max:
+                self._destroy(idle.pop(next(iter(idle))))
+            return
+        self._destroy(ent)
+
+    def _take_idle(self, kind, topic, ros_type, q):
+        """A lingering entity for this registration, or None. One on the topic that does not fit
+        (another kind with another type, or another QoS) is deleted: the backend could not
+        create the new one beside it."""
+        ent = self._idle.pop((kind, topic), None)
+        if ent is not None:
+            if ent.type == ros_type and ent.qos == q:
+                self.stats["entities_reused"] += 1
+                ent.created = None          # counts: the grace starts again
+                return ent
+            self._destroy(ent)
+        other = self._idle.get(("sub" if kind == "pub" else "pub", topic))
+        if other is not None and other.type != ros_type:
+            self._destroy(self._idle.pop((other.kind, topic)))
+        return None
+
+    def _expire_idle(self, now, everything=False):
+        idle = self._idle
+        while idle:
+            key = next(iter(idle))
+            ent = idle[key]
+            if not everything and ent.idle_since is not None \
+                    and now - ent.idle_since < self._linger:
+                return
+            self._destroy(idle.pop(key))
+
+    def _destroy(self, ent):
+        """Its DDS entity goes: at once, or a reliable writer that wrote once its readers
+        acknowledged it (``_draining``)."""
         handle, ent.handle = ent.handle, None
-        if kind == "pub" and ent.qos[0] and ent.msgs and not self._all_acked(ent, handle, 0):
+        if ent.kind == "pub" and ent.qos[0] and ent.msgs and \
+                not self._all_acked(ent, handle, 0):
             # what it wrote may not have reached its readers yet: destroying the writer now
             # would lose it (Fast DDS drops it with the writer; Cyclone lingers 1 s at most)
             now = self._now if self._now is not None else int(time.monotonic() * 1000)
@@ -631,20 +769,20 @@ class Companion:
             if len(self._draining) > DRAIN_MAX:
                 _, old, old_handle = self._draining.pop(0)
                 self._drain_timeout(old, "%d writers released since" % DRAIN_MAX)
-                self._destroy("pub", old, old_handle)
+                self._delete(old, old_handle)
             return
-        self._destroy(kind, ent, handle)
+        self._delete(ent, handle)
 
-    def _destroy(self, kind, ent, handle):
+    def _delete(self, ent, handle):
         self.history_used -= ent.history_charge  # held until the DDS entity goes
         ent.history_charge = 0
         try:
-            if kind == "pub":
+            if ent.kind == "pub":
                 self.backend.destroy_publisher(handle)
             else:
                 self.backend.destroy_subscription(handle)
         except Exception:
-            log.exception("releasing %s %r failed", kind, ent.topic)
+            log.exception("releasing %s %r failed", ent.kind, ent.topic)
 
     def _all_acked(self, ent, handle, timeout_s):
         """Has every matched reliable reader acknowledged all ``handle`` wrote (waiting up to
@@ -670,7 +808,7 @@ class Companion:
                 continue
             else:
                 self._drain_timeout(ent, "%d ms after its release" % DRAIN_MS)
-            self._destroy("pub", ent, handle)
+            self._delete(ent, handle)
         self._draining = keep
 
     def _end_drains(self, topic, ros_type):
@@ -681,7 +819,7 @@ class Companion:
             ent = item[1]
             if ent.topic == topic and ent.type != ros_type:
                 self._drain_timeout(ent, "when %s was registered again as %s" % (topic, ros_type))
-                self._destroy("pub", ent, item[2])
+                self._delete(ent, item[2])
             else:
                 keep.append(item)
         self._draining = keep
@@ -699,7 +837,7 @@ class Companion:
                 self.stats["writers_drained"] += 1
             else:
                 self._drain_timeout(ent, "when the companion stopped")
-            self._destroy("pub", ent, handle)
+            self._delete(ent, handle)
         self._draining = []
 
     # -- backend thread -> loop thread ---------------------------------------------------------
@@ -764,6 +902,7 @@ class Companion:
                 pass
         except (BlockingIOError, OSError):
             pass
+        self._run_pending()
         with self._qlock:
             self._signalled = False
             batch = self._queue
@@ -781,8 +920,8 @@ class Companion:
         room = getattr(sink, "room", None)  # a link end: reliable messages wait for link room
         held = None
         for ent, data in batch:
-            if ent.handle is None or sink is None:
-                continue
+            if ent.handle is None or sink is None or not ent.slots:
+                continue                 # (no slots: a lingering reader's, for nobody)
             n = len(data)
             if room is not None and ent.qos[0] and (
                     (held is not None and ent in held[1]) or not room(n * len(ent.slots))):
@@ -810,6 +949,8 @@ class Companion:
         if self._draining and now >= self._next_drain:
             self._next_drain = now + DRAIN_CHECK_MS
             self._drain(now)
+        if self._idle:
+            self._expire_idle(now)
         if self.latched is not None:
             self.latched.tick(now)
         if self._diag_period and (self._next_diag is None or now >= self._next_diag):
@@ -948,6 +1089,8 @@ class Companion:
         d["history_bytes_reserved"] = self.history_used
         d["history_bytes_limit"] = self.history_limit
         d["writers_draining"] = len(self._draining)
+        d["reg_waiting"] = len(self._pending)
+        d["entities_lingering"] = len(self._idle)
         d.update(self.stats)
         if self.latched is not None:
             d.update(self.latched.counters())

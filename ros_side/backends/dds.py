@@ -128,6 +128,7 @@ FASTDDS_COMPAT_XML = compat_xml()
 _ANY = SampleState.Any | ViewState.Any | InstanceState.Any
 _TAKE_BATCH = 32
 _ZEROS = b"\0\0\0"
+TOPICS_KEPT = 256  # unused DDS topics kept for reuse (DdsBackend._release_topic)
 # A reliable writer's max_blocking_time. Our writers are KEEP_LAST, which Cyclone never throttles
 # (see make_qos), so no write waits for it; it bounds what a write could ever cost the loop.
 WRITE_BLOCK_MS = 5
@@ -381,6 +382,7 @@ class DdsBackend:
         self.dp = DomainParticipant(self.domain_id, qos=Qos(Policy.Userdata(data=b"enclave=/;")))
         self._lock = threading.RLock()
         self._topics = {}       # ros topic -> [Topic, ros_type, users]
+        self._unused_topics = {}  # ros topic -> None: those with no users, oldest first
         self._subs = []         # live _Sub objects (the WaitSet thread iterates a snapshot)
         self._reader_ids = {}   # ros topic -> {reader instance handle} (own readers)
         self._ws = WaitSet(self.dp)
@@ -414,11 +416,14 @@ class DdsBackend:
     def _acquire_topic(self, topic, ros_type):
         ent = self._topics.get(topic)
         if ent is not None:
-            if ent[1] != ros_type:
+            if ent[1] == ros_type:
+                ent[2] += 1
+                self._unused_topics.pop(topic, None)
+                return ent[0]
+            if ent[2] > 0:
                 raise RosError("type_conflict", "%s already exists here with type %s"
                                % (topic, ent[1]))
-            ent[2] += 1
-            return ent[0]
+            self._drop_topic(topic)     # unused: the new type takes its name
         idl = self.types.idl_type(ros_type)
         try:
             t = Topic(self.dp, dds_topic_name(topic), idl)
@@ -428,12 +433,23 @@ class DdsBackend:
         return t
 
     def _release_topic(self, topic):
+        # An unused DDS topic is kept (the last TOPICS_KEPT): Cyclone keeps ~80 bytes of every
+        # topic created and deleted, so a client churning registrations grew the companion
+        # without bound (issue 20).
         ent = self._topics.get(topic)
         if ent is None:
             return
         ent[2] -= 1
         if ent[2] <= 0:
-            del self._topics[topic]
+            unused = self._unused_topics
+            unused[topic] = None
+            while len(unused) > TOPICS_KEPT:
+                self._drop_topic(next(iter(unused)))
+
+    def _drop_topic(self, topic):
+        self._unused_topics.pop(topic, None)
+        ent = self._topics.pop(topic, None)
+        if ent is not None:
             _delete(ent[0])
 
     # -- Backend interface ------------------------------------------------------------------------
@@ -568,6 +584,7 @@ class DdsBackend:
             _delete(self._ws)
             _delete(self.dp)
             self._topics.clear()
+            self._unused_topics.clear()
             self._domain = None
 
     # -- the WaitSet thread -----------------------------------------------------------------------

@@ -209,7 +209,9 @@ def test_unadvertise_leaves_discovery(comp, sink, dp):
     assert wait_for(lambda: r.get_subscription_matched_status().current_count == 1)
     assert wait_for(lambda: len(writers()) == 1)
     comp.unadvertise(4)
-    assert wait_for(lambda: r.get_subscription_matched_status().current_count == 0)
+    # the released writer lingers 250 ms for reuse (Companion linger_ms), deleted by a poll after
+    assert wait_for(lambda: r.get_subscription_matched_status().current_count == 0,
+                    poll=comp.poll)
     assert wait_for(lambda: len(writers()) == 0)
     comp.unadvertise(4)  # unknown slot: ignored
 

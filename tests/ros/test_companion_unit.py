@@ -35,11 +35,15 @@ def test_queue_is_bounded_and_wakes(sink):
 def test_reregistration_and_release(sink):
     b = FakeBackend()
     c = Companion(b, sink, diagnostics_period_ms=0)
+    c.poll(0)
     c.advertise(1, "/a", "std_msgs/msg/String", QOS_R)
     c.advertise(1, "/a", "std_msgs/String", dict(QOS_R, depth=10))   # the same again (after ros_up)
     assert len(b.created) == 1 and sink.results() == [("pub", 1, None)] * 2
     c.advertise(1, "/b", "std_msgs/msg/String", QOS_R)               # slot reused for another topic
-    assert b.destroyed == [b.created[0]] and len(b.created) == 2
+    c.poll(249)
+    assert b.destroyed == [] and len(b.created) == 2                 # /a's writer lingers 250 ms
+    c.poll(250)
+    assert b.destroyed == [b.created[0]]
     c.advertise(2, "/b", "std_msgs/msg/String", dict(QOS_R, depth=1))
     c.advertise(3, "/c", "std_msgs/msg/String", dict(QOS_R, depth=0))
     c.advertise(4, "/c", "std_msgs/msg/String", dict(QOS_R, depth=1))  # depth 0 == 1 on the wire
@@ -52,8 +56,10 @@ def test_reregistration_and_release(sink):
     c.advertise(6, "/e", "std_msgs/msg/String", QOS_R)
     assert sink.results()[-2:] == [("pub", 5, "unknown_type"), ("pub", 6, "unknown_type")]
     c.unadvertise(3)
+    c.poll(3000)
     assert len(b.destroyed) == 1                                   # slot 4 still uses it
     c.unadvertise(4)
+    c.poll(4000)
     assert len(b.destroyed) == 2
 
 

@@ -507,6 +507,7 @@ params = {n: node.get_parameter(n).value for n in ("link", "baud", "no_diagnosti
 q = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 comp.advertise(1, "/w", "std_msgs/msg/String", q)
 comp.subscribe(1, "/w2", "geometry_msgs/msg/Twist", q)
+comp.poll()  # (one past the companion's registration budget per poll waits for it)
 comp.reset()
 print(params == {"link": "udp://0.0.0.0:8269", "baud": 921600, "no_diagnostics": False},
       sorted({n for n, _ in seen}), all(on_executor for _, on_executor in seen))

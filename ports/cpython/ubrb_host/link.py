@@ -27,6 +27,7 @@ import os
 import socket
 import stat
 import sys
+import time
 from typing import Any, Dict, Optional, Tuple
 
 import ubrb_min as L
@@ -402,11 +403,17 @@ class LinkDriver:
         self.retry_at = now + REOPEN_MS
         self.out.drop()
 
-    def on_readable(self, now: int) -> None:
+    def on_readable(self, now: int, budget_ms: float = 0.0) -> None:
+        """Take in what arrived: up to 64 reads, and with ``budget_ms`` no new read once that
+        long was spent (the rest waits in the socket for the loop's next turn: a flood of
+        records costs the loop its other work at most that long)."""
         if self.broken:
             return
         t, s, buf = self.t, self.s, self.rbuf
+        end = time.perf_counter() + budget_ms / 1000.0 if budget_ms else 0.0
         for _ in range(64):
+            if end and time.perf_counter() >= end:
+                return
             try:
                 n = t.read_into(buf)
             except Exception as e:  # OSError, SerialException
