@@ -34,7 +34,7 @@ class AckingBackend(FakeBackend):
 
 def advertised(sink, qos=QOS_R, topic="/a"):
     b = AckingBackend()
-    c = Companion(b, sink, diagnostics_period_ms=0)
+    c = Companion(b, sink, diagnostics_period_ms=0, linger_ms=0)  # (no reuse: a release goes)
     c.poll(1000)
     c.advertise(1, topic, T, qos)
     return b, c, b.created[-1]
@@ -110,7 +110,7 @@ def test_a_session_reset_drains_too_and_close_waits_for_what_is_left(sink):
 
 def test_registration_churn_keeps_at_most_drain_max_released_writers(sink):
     b = AckingBackend()
-    c = Companion(b, sink, diagnostics_period_ms=0)
+    c = Companion(b, sink, diagnostics_period_ms=0, linger_ms=0)  # (no reuse: a release goes)
     c.poll(1000)
     for i in range(DRAIN_MAX + 3):
         c.advertise(i, "/churn%d" % i, T, QOS_R)
@@ -128,3 +128,22 @@ def test_the_topic_registered_again_with_another_type_ends_the_drain(sink):
     c.subscribe(3, "/a", "std_msgs/msg/Int32", QOS_R)   # DDS: one type per topic
     assert b.destroyed == [old]
     assert sink.results()[-1] == ("sub", 3, None)
+
+
+def test_a_lingering_writer_drains_when_its_linger_ends(sink):
+    # a released volatile writer first lingers for reuse (registration churn); its samples are
+    # safe meanwhile, and when it finally goes it still waits for its readers
+    b = AckingBackend()
+    c = Companion(b, sink, diagnostics_period_ms=0, linger_ms=250)
+    c.poll(1000)
+    c.advertise(1, "/a", T, QOS_R)
+    h = b.created[-1]
+    c.publish(1, DATA, 0, len(DATA), True)
+    c.unadvertise(1)
+    c.poll(1100)
+    assert h not in b.destroyed and c.diagnostics()["entities_lingering"] == 1
+    c.poll(1400)                                    # linger over, not acknowledged: drains
+    assert h not in b.destroyed and c.diagnostics()["writers_draining"] == 1
+    b.unacked.discard(h)
+    c.poll(1400 + DRAIN_CHECK_MS)
+    assert b.destroyed == [h]
