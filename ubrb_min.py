@@ -2514,6 +2514,13 @@ class LinkSession:
             self.lost_n -= 1
             self.stat_counts[_LKC_RETX] += 1
             n = self.frame_len[i]
+            if not self.frame_cap or n <= self.frame_cap - self.ovh:
+                # RACK's timer for the copy too (a noisy line loses it in turn): else a window
+                # stuck on it, the rest held by the peer, hears nothing new and waits for an RTO.
+                # Not for a frame cut too big for the line: the RTO cuts it again
+                t = now + self._wait()
+                if self.rack_at < 0 or t - self.rack_at < 0:
+                    self.rack_at = t
         else:                                # new frame: as much as fits
             s = self.nxt
             i = s & self.ft_mask
