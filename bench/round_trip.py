@@ -13,6 +13,8 @@ Every row sends ``--count`` reliable messages at ``--rate`` Hz: ``ubrb_client be
 time; 64 bytes make 80 bytes of CDR, a 64-character std_msgs/String 73), the round trip timed
 by the sender's clock. Printed per row: p50/p90/p99/max in ms, losses, the 1-minute load average
 when the row ended, and issue 21's figures (p50 / p99) beside them.
+The rate matters: at 100 Hz every process sleeps between messages and wakes for each one
+(on a 2-core VM that alone adds ~0.5 ms to the bare rclpy p50; compare ``--rate 1000``).
 
 DDS stays on this machine, in a free domain: Fast DDS by tests/ros/fastdds_loopback.xml as its
 default profile (ROS_AUTOMATIC_DISCOVERY_RANGE unset: with LOCALHOST rmw_fastrtps opens sockets
