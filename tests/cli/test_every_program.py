@@ -26,6 +26,7 @@ PROGRAMS = [f for f in FILES if f not in MODULES]
 # programs whose flags belong to a subcommand: the unknown flag after each subcommand too
 SUBCOMMANDS = {"bench/chainkit.py": ["dds-writer", "ubrb-writer"],
                "bench/link_field.py": ["writer"],
+               "bench/round_trip.py": ["rclpy-echo", "rclpy-ping"],
                "tools/deploy.py": ["build", "board", "check"],
                "tools/ros_observer.py": ["watch", "echo"]}
 UNKNOWN = [[p] + ([s] if s else []) for p in PROGRAMS for s in [""] + SUBCOMMANDS.get(p, [])]
