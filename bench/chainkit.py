@@ -425,6 +425,10 @@ class RawClient:
                 elif op == F.MESSAGE:
                     sid, cdr = F.split_data_payload(payload)
                     self.messages.setdefault(sid, []).append((now, bytes(cdr)))
+                self.on_frame(op, payload, now)
+
+    def on_frame(self, op: int, payload: Any, now: float) -> None:
+        """Every frame received, after the above (a bench's client adds what it watches)."""
 
     def close(self) -> None:
         try:

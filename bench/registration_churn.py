@@ -54,33 +54,15 @@ class Client(K.RawClient):
             except OSError:
                 return
 
-    def _read(self) -> None:
-        dec = F.FrameDecoder()
-        self.sock.settimeout(None)
-        while True:
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.closed = True
-                return
-            now = time.monotonic()
-            for op, payload in dec.feed(chunk):
-                if op == F.HELLO_ACK:
-                    self.hello.set()
-                elif op == F.PING:
-                    self.send(F.encode_frame(F.PONG))
-                elif op in (F.SUB_COUNT, F.ERROR):
-                    d = json.loads(bytes(payload))
-                    ids = [d.get("id")] if op == F.ERROR else [int(k) for k in d["counts"]]
-                    if op == F.ERROR:
-                        self.errors.append(d)
-                    with self.answered:
-                        for i in ids:
-                            if isinstance(i, int):
-                                self.first_count.setdefault(i, now)
-                        self.answered.notify_all()
+    def on_frame(self, op: int, payload: Any, now: float) -> None:
+        if op in (F.SUB_COUNT, F.ERROR):       # (an ERROR is in self.errors already)
+            d = json.loads(bytes(payload))
+            ids = [d.get("id")] if op == F.ERROR else [int(k) for k in d["counts"]]
+            with self.answered:
+                for i in ids:
+                    if isinstance(i, int):
+                        self.first_count.setdefault(i, now)
+                self.answered.notify_all()
 
     def register(self, id_: int, topic: str, timeout: float = 60.0) -> Tuple[float, Any]:
         """ADVERTISE ``topic`` as ``id_``: (seconds until it was answered, inf if not in time;
