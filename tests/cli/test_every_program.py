@@ -70,25 +70,27 @@ def test_an_unknown_flag_is_one_line_and_exit_2(ran: Dict[Tuple[str, ...], Any],
     assert not r.stdout, r.stdout   # nothing ran
 
 
+def _imports(path: str) -> List[Tuple[int, str]]:
+    """(line, module) of every import in the file at ``path`` (relative to the repository)."""
+    import ast
+
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found: List[Tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
 def test_no_program_imports_from_tests() -> None:
     # bench/ and tools/ run without the test tree (a checkout for benchmarking, a board's
     # deploy): what they share with the tests lives in bench/chainkit.py or tools/ (issue 22:
     # bench/policy.py imported tests.e2e.helpers and tests.support)
-    import ast
-
-    found = []
-    for path in FILES:
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            found += ["%s:%d %s" % (path, node.lineno, n) for n in names
-                      if n == "tests" or n.startswith("tests.")]
+    found = ["%s:%d %s" % (path, line, m) for path in FILES for line, m in _imports(path)
+             if m == "tests" or m.startswith("tests.")]
     assert found == [], found
 
 
@@ -96,21 +98,9 @@ def test_no_test_module_imports_another() -> None:
     # what tests share is a rig in tests/support/ (or tests/core/*_rig.py for the MicroPython leg),
     # so a newcomer finds it by name and a test module can be read, moved or deleted alone
     # (issue 22: seven test modules imported rigs from other test modules)
-    import ast
-
-    found = []
-    for d, _, names in os.walk(os.path.join(ROOT, "tests")):
-        for name in (n for n in names if n.endswith(".py")):
-            path = os.path.join(d, name)
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read(), path)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    mods = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    mods = [node.module or ""]
-                else:
-                    continue
-                found += ["%s:%d %s" % (os.path.relpath(path, ROOT), node.lineno, m)
-                          for m in mods if m.split(".")[-1].startswith("test_")]
+    paths = [os.path.relpath(os.path.join(d, n), ROOT)
+             for d, _, names in os.walk(os.path.join(ROOT, "tests")) for n in names
+             if n.endswith(".py")]
+    found = ["%s:%d %s" % (path, line, m) for path in paths for line, m in _imports(path)
+             if m.split(".")[-1].startswith("test_")]
     assert found == [], found
