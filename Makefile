@@ -24,6 +24,8 @@ ROS_VENV := .venv-ros
 ROS_VENV_STAMP := $(ROS_VENV)/.stamp
 NODE_STAMP := node_modules/.stamp
 PYTEST_ARGS ?=
+# tests run at once in make test's first pass: most wait on processes, so twice the cores
+TEST_JOBS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 2) )))
 TYPECHECK_PATHS ?= ubrb_min.py ubrb_setup.py ubrb_policy.py ubrb_keyed.py ubrb_stream.py ubrb_hold.py ubrb_keep.py ports/cpython/ubrb_host ros_side ubrb_client tools bench tests
 
 .PHONY: all help venv venv-ros node_modules test lint typecheck mpy fuzz clean distclean link-key
@@ -58,8 +60,12 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
+# Two passes (tests/conftest.py): the tests that wait on processes and sockets TEST_JOBS at a time
+# (pytest-xdist), then the `serial` ones, whose bounds are on real time, alone. Both always run.
 test: venv node_modules venv-ros
-	$(VBIN)/python -m pytest -q $(PYTEST_ARGS) tests
+	@$(VBIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial" $(PYTEST_ARGS) tests; \
+	a=$$?; $(VBIN)/python -m pytest -q -m serial $(PYTEST_ARGS) tests; b=$$?; \
+	echo "== make test: parallel pass exit $$a, serial pass exit $$b"; [ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 FUZZ_SECONDS ?= 120
 # CI runs the same fuzzers bounded (tests/fuzz/test_fuzz.py); this runs each for FUZZ_SECONDS.

@@ -14,6 +14,12 @@
   ``@pytest.mark.time_limit(seconds)`` for one test). On expiry the stacks of all threads are
   dumped to stderr and the test fails with TestTimeout; if the test does not return to Python
   within 30 s more, the whole run is ended (faulthandler) rather than hanging CI.
+- ``make test`` runs the suite in two passes: first every test not marked ``serial`` with
+  pytest-xdist (``-n TEST_JOBS --dist loadfile``: most tests wait on processes and sockets, so a
+  2-core machine runs four at once), then the ``serial`` ones alone, one at a time. A module
+  whose assertions are bounds on time measured in real time (a p99 latency, a rate, a loop lag)
+  says ``pytestmark = pytest.mark.serial`` and why, so that other tests cannot make it fail.
+  Plain ``pytest tests`` runs everything in one process, as before.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
     global _real_stderr_fd
     config.addinivalue_line(
         "markers", "time_limit(seconds): time limit for this test's phases (0: none)"
+    )
+    config.addinivalue_line(
+        "markers", "serial: bounds on real time; make test runs it alone, after the rest"
     )
     if _real_stderr_fd is None:
         try:

@@ -3,12 +3,12 @@ the check every mistake must pass: exit status, one line on stderr, no traceback
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
+from tests.support.domains import test_domain
 from tests.support.procs import ROOT, child_env
 
 PY = sys.executable
@@ -24,7 +24,7 @@ PLAIN = [PY, "-S"]
 # single DNS query (test traffic stays on this machine).
 UNRESOLVABLE = "no..such"
 # Any DDS participant a test starts uses this domain (log lines only, no data is compared).
-DOMAIN = 150 + os.getpid() % 60
+DOMAIN = test_domain("cli")
 
 
 def run(argv: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 60,

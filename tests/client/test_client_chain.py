@@ -6,7 +6,7 @@ Real processes on 127.0.0.1: the gateway on a TCP port picked here (it must come
 port after a SIGKILL), the companion on a free UDP port, and an independent DDS participant in
 this test process (``DdsBackend`` used as a plain participant: raw readers and writers). DDS never
 leaves loopback (``LOOPBACK_XML`` in this process and in every child) and runs in a domain id of
-our own (220..232; tests/ros uses 100..219, tests/demo 1..96).
+our own (tests/support/domains.py).
 
 What a gateway restart may lose, and what these tests therefore tolerate
     TCP cannot tell the client what the peer has read. A PUBLISH the client handed to the kernel
@@ -41,15 +41,15 @@ cyclonedds = pytest.importorskip("cyclonedds")
 
 from ros_side.backends.dds import LOOPBACK_XML, DdsBackend  # noqa: E402
 from tests.support.dds import confine_this_process  # noqa: E402
+from tests.support.domains import test_domain  # noqa: E402
 from tests.support.loopback_ports import free_port  # noqa: E402
 from tests.support.procs import Proc, child_env, wait_for  # noqa: E402
 
 # Before any cyclonedds domain exists in this process (the backend below also gets it explicitly).
 confine_this_process()
 
-# Our share of 220..232: tests/e2e takes 220 + pid % 13, so within one pytest run (one pid) the
-# offset keeps us on another id; parallel runs (other pids) spread over the range.
-DOMAIN = int(os.environ.get("UBRB_CHAIN_DOMAIN", str(220 + (os.getpid() + 6) % 13)))
+# this process's own domain for the chain tests (tests/support/domains.py)
+DOMAIN = test_domain("chain", "UBRB_CHAIN_DOMAIN")
 NS = "/ubrb_chain_%d" % os.getpid()       # topic prefix: nothing shared with another run
 STRING = "std_msgs/msg/String"
 REL_QOS = {"reliability": "reliable", "durability": "volatile", "depth": 1000}

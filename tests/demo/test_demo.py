@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
+from tests.support.domains import test_domain
 from tests.support.loopback_ports import free_port
 from tests.support.procs import Proc, child_env
 
@@ -26,13 +27,14 @@ DEMO = [sys.executable, str(ROOT / "tools" / "demo.py")]
 ANSI = re.compile(r"\x1b\[")
 NOMINAL_HZ = {"/clock": 100, "/tf": 50, "/odom": 50, "/imu": 100, "/scan": 10}
 
-# DDS domain ids of our own (tests/ros uses 100..219): parallel runs on one machine (other
-# pids) get other ids, and the tests of one run do not overlap.
-_DOMAIN_BASE = 1 + (os.getpid() % 24) * 4
+# `make test` runs this module after the rest, not beside other tests (tests/conftest.py,
+# "serial"): topic rates against their nominal Hz.
+pytestmark = pytest.mark.serial
 
 
+# DDS domain ids of our own, one per test (tests/support/domains.py)
 def domain(k: int) -> int:
-    return _DOMAIN_BASE + k
+    return test_domain("demo%d" % k)
 
 
 def loopback_env() -> Dict[str, str]:

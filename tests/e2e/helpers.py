@@ -9,7 +9,7 @@ these tests (the independent one here, the companions) gets ``E2E_XML`` explicit
 loopback configuration plus a discovery tag unique to this run (Cyclone's
 ``Discovery/Tag``: participants discover each other only when their tags match). So parallel
 runs of any test directory cannot see each other even if they pick the same domain id; the
-domain id is per run as well (220 + pid % 13).
+domain id is this process's own as well (tests/support/domains.py).
 
 Bridges (``make_bridge(mode)``):
 
@@ -37,6 +37,7 @@ import ubrb_setup
 from ubrb_host import link as host_link
 from ubrb_host.loop import GatewayServer, mapped_buffer
 from tests.support.dds import LOOPBACK_XML, confine_this_process
+from tests.support.domains import test_domain
 from tests.support.loopback_ports import free_port
 from tests.support.procs import Proc, child_env, wait_for
 from tools.ptyline import PtyLine
@@ -44,9 +45,8 @@ from tests.support.raw_client import RawClient
 
 confine_this_process()   # before any cyclonedds domain exists in this process
 
-# Cyclone accepts domain ids 0..232; 220..232 keep clear of tests/ros and tests/demo, and their
-# RTPS ports (7400 + 250 * id + ...) lie above the ephemeral port range.
-E2E_DOMAIN = int(os.environ.get("UBRB_E2E_DOMAIN", str(220 + os.getpid() % 13)))
+# this process's own domain for tests/e2e (tests/support/domains.py)
+E2E_DOMAIN = test_domain("e2e", "UBRB_E2E_DOMAIN")
 E2E_TAG = "ubrb-e2e-%d-%s" % (os.getpid(), os.urandom(4).hex())
 E2E_XML = LOOPBACK_XML.replace("<Discovery>", "<Discovery><Tag>%s</Tag>" % E2E_TAG, 1)
 assert E2E_TAG in E2E_XML and '<NetworkInterface name="lo"/>' in E2E_XML

@@ -49,6 +49,11 @@ RSS_GROWTH_UDP_KIB = 8 * 1024
 RSS_GROWTH_SERIAL_KIB = 512
 
 
+# `make test` runs this module after the rest, not beside other tests (tests/conftest.py,
+# "serial"): a burst paced by a 921,600-baud line within a deadline.
+pytestmark = pytest.mark.serial
+
+
 @pytest.fixture(autouse=True)
 def session_participant(dp: Any) -> None:
     """chainkit's DDS entities live on the e2e session's participant (tests/e2e/conftest.py)."""

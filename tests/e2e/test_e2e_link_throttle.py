@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
+import pytest
+
 from tests.e2e.helpers import E2E_DOMAIN, Client, companion_argv, e2e_proc
 from tests.support.procs import ROOT, Proc
 from tools.ptyline import PtyLine
@@ -30,6 +32,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BAUD = 460800
 HZ = 50
 COUNT = 3000                   # 3 s at 1 kHz
+
+
+# `make test` runs this module after the rest, not beside other tests (tests/conftest.py,
+# "serial"): a rate measured over a paced serial line.
+pytestmark = pytest.mark.serial
 
 
 def chain(*gateway_flags: str) -> Dict[str, Any]:

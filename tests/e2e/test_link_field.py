@@ -41,6 +41,11 @@ TAIL = 2.0         # ... which goes on this long after it
 DRAIN = 6.0
 
 
+# `make test` runs this module after the rest, not beside other tests (tests/conftest.py,
+# "serial"): throughput and p99 targets through real-time impairment.
+pytestmark = pytest.mark.serial
+
+
 @pytest.fixture(autouse=True)
 def session_participant(dp: Any) -> None:
     """link_field's DDS reader lives on the e2e session's participant (tests/e2e/conftest.py)."""

@@ -32,6 +32,11 @@ from tests.support.raw_client import RawClient
 S = "std_msgs/msg/String"
 
 
+# `make test` runs this module after the rest, not beside other tests (tests/conftest.py,
+# "serial"): a loop-lag bound of 100 ms.
+pytestmark = pytest.mark.serial
+
+
 @pytest.fixture
 def chain() -> Iterator[tuple]:
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

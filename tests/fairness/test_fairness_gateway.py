@@ -31,6 +31,11 @@ from tests.support.ubrb_frames import hello, ping, split_frames, subscribe
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# `make test` runs this module after the rest, not beside other tests (tests/conftest.py,
+# "serial"): an honest client's service under a flood, in time.
+pytestmark = pytest.mark.serial
+
+
 class Gateway(Proc):
     """`python ubrb_min.py --listen 127.0.0.1:0 ...` on an ephemeral loopback port."""
 

@@ -1,13 +1,46 @@
-"""Free loopback ports for the tests that start real servers and processes on this machine."""
+"""Free loopback ports for the tests that start real servers and processes on this machine.
 
+A port found free is only free until someone binds it: a test hands it to a child process, which
+binds it a moment later. Ports the kernel hands out for port 0 (the ephemeral range, 32768-60999)
+could be taken in between by any socket on the machine, and two workers of `make test` asking at
+once would share them. So the ports come from above that range, each pytest process (each
+xdist worker) stepping through a share of its own, and skipping the ports of DDS domains
+(7400 + 250 x id + 0..99, tests/support/domains.py), and each is checked by binding it.
+"""
+
+import itertools
+import os
 import socket
+from typing import Iterator, List
+
+_FIRST, _END = 61000, 65536
+
+
+def _mine() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        index, workers, run = int(worker[2:]), int(os.environ.get(
+            "PYTEST_XDIST_WORKER_COUNT", "1")), os.getppid()
+    else:
+        index, workers, run = 0, 1, os.getpid()
+    ports: List[int] = [p for p in range(_FIRST, _END) if (p - 7400) % 250 >= 100][index::workers]
+    start = (run * 97) % len(ports)
+    return itertools.cycle(ports[start:] + ports[:start])
+
+
+_PORTS = _mine()
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
     """A port on 127.0.0.1 that nothing is bound to right now (TCP by default, or SOCK_DGRAM)."""
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-    finally:
-        s.close()
+    for _ in range(4096):
+        port = next(_PORTS)
+        s = socket.socket(socket.AF_INET, kind)
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise OSError("no free loopback port in %d-%d" % (_FIRST, _END - 1))

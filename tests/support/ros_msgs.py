@@ -16,6 +16,7 @@ inputs are unchanged; ``ros_procs.ros_env()`` adds both paths when it exists.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -94,7 +95,15 @@ def available() -> bool:
 
 def ensure_tf2_msgs() -> str:
     """Build ``tf2_msgs`` for .venv-ros into build/ros-msgs unless an up-to-date build is there;
-    returns OUT. RuntimeError (with the compiler's output) when a step fails."""
+    returns OUT. RuntimeError (with the compiler's output) when a step fails. Processes that ask
+    at once (the workers of `make test`) take turns: one builds, the others then find it built."""
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_tf2_msgs()
+
+
+def _ensure_tf2_msgs() -> str:
     stamp = _stamp()
     stamp_file = os.path.join(OUT, "stamp")
     try:

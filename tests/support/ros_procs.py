@@ -29,11 +29,11 @@ import time
 import pytest
 
 from tests.support.dds import LOOPBACK_XML
+from tests.support.domains import test_domain
 from tests.support.procs import ROOT
 
-# The DDS domain of this pytest run (tests/ros confines itself to it; each run its own, so parallel
-# runs on one machine do not see each other). Ids 0..232 are valid; keep clear of 0 and the low ids.
-TEST_DOMAIN = int(os.environ.get("UBRB_TEST_DOMAIN", str(100 + os.getpid() % 120)))
+# The DDS domain of this pytest process (tests/ros confines itself to it): tests/support/domains.py
+TEST_DOMAIN = test_domain("ros", "UBRB_TEST_DOMAIN")
 HERE = os.path.join(ROOT, "tests", "ros")   # the peer scripts and the Fast DDS profile
 ROS_PYTHON = os.path.join(ROOT, ".venv-ros", "bin", "python")
 FASTDDS_XML = os.path.join(HERE, "fastdds_loopback.xml")
