@@ -165,7 +165,8 @@ class PacedClient(K.RawClient):
         unsent: List[int] = []
         written = 0
         i = 0
-        while (i < total or q) and not stopping.is_set():
+        # until the last message is in the socket: one still in `out` was never sent
+        while (i < total or q or self.out) and not stopping.is_set():
             now = time.monotonic()
             while i < total and t0 + i / rate <= now:
                 q.append((i, t0 + i / rate))
@@ -457,7 +458,7 @@ def score(got: List[Tuple[float, bytes]], res: Dict[str, Any], unsent: set,
     delivered = len(seen)
     pc = K.percentiles(lat)
     span = (times[-1] - res["t0"]) if times else 0.0
-    gone = [s for s in range(written) if s not in seen and s not in unsent]
+    gone = [s for s in range(res["offered"]) if s not in seen and s not in unsent]
     return {"offered": res["offered"], "written": written, "unsent": len(unsent),
             "delivered": delivered, "missing": written - sum(1 for s in seen if s not in unsent),
             "missing_seqs": ranges(gone)[:8], "writers": len(order),
