@@ -513,12 +513,18 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU, board=_MICROPYTHON):
     if window * frame > LINK_WINDOW_BYTES:
         window = LINK_WINDOW_BYTES // frame if frame < LINK_WINDOW_BYTES else 1
     # Reliable ring: up to four largest messages in flight (at most 256 KiB); for messages of
-    # 2 KiB and less (the mcu profile, a board's heap) two, beside the 1/4 control reserve.
-    if mm > 2 * _KIB:
-        rel = max(2 * mm, min(4 * mm, 256 * _KIB))
+    # 2 KiB and less two, beside the 1/4 control reserve; on a board one (its heap is the
+    # limit: a largest message still fits beside the reserve, LinkSession.max_send).
+    # Best-effort ring: two largest records (at most 128 KiB); on a board one.
+    if board and mm <= 2 * _KIB:
+        rel = max(2 * _KIB, (4 * (mm + LK_RHDR_MAX) + 2) // 3)
+        be = max(2 * _KIB, mm + 6 + LK_RHDR_MAX)
     else:
-        rel = max(4 * _KIB, (8 * (mm + LK_RHDR_MAX) + 2) // 3)
-    be = max(4 * _KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
+        if mm > 2 * _KIB:
+            rel = max(2 * mm, min(4 * mm, 256 * _KIB))
+        else:
+            rel = max(4 * _KIB, (8 * (mm + LK_RHDR_MAX) + 2) // 3)
+        be = max(4 * _KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
     # Frames received past a gap are kept (selective repeat) for a whole window, except on a
     # board: a window of 1400-byte frames is more heap than it has, and the sender goes back
     # over the frames a board did not keep (its NAK), as the link did before SACK.

@@ -107,7 +107,7 @@ print("IMPORT", gc.mem_alloc() - a)
 # what each board module imports of the project
 PREREQUISITES = {
     "ubrb_setup": "ubrb_min", "ubrb_policy": "ubrb_min", "ubrb_keyed": "ubrb_min",
-    "ubrb_stream": "ubrb_min", "ubrb_hold": "ubrb_min",
+    "ubrb_stream": "ubrb_min", "ubrb_hold": "ubrb_min", "ubrb_keep": "ubrb_min",
     "ports.micropython.loop": "ubrb_min", "ports.micropython.link": "ubrb_min",
     "ports.micropython.uart": "ubrb_min",
     "ports.micropython.gateway": "ubrb_min,ubrb_setup,ports.micropython.loop",

@@ -31,7 +31,7 @@ from tests.e2e.mp_bridge import DEEP, S, MicroPythonBridge
 from tests.support import mp_unix
 from tests.support.side_by_side import Outcome, side_by_side
 
-# UBRB_HEAPCI_H64 / UBRB_HEAPCI_H64_KEYED ("168k") try another heap (finding the smallest)
+# UBRB_HEAPCI_H64 / UBRB_HEAPCI_H64_KEYED ("166k") try another heap (finding the smallest)
 HEAPS = {False: os.environ.get("UBRB_HEAPCI_H64", mp_unix.H64),
          True: os.environ.get("UBRB_HEAPCI_H64_KEYED", mp_unix.H64_KEYED)}
 FREE = {False: mp_unix.F64, True: mp_unix.F64_KEYED}
