@@ -15,23 +15,28 @@ An environment variable named by the caller overrides its id (e.g. UBRB_E2E_DOMA
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 POOL = tuple(range(1, 102)) + tuple(range(215, 233))
 # the kinds of test that need a domain of their own; the demo's tests start four demos at once
 KINDS = ("ros", "e2e", "cli", "chain", "demo0", "demo1", "demo2", "demo3")
 
 
+def this_worker() -> Tuple[int, int, int]:
+    """(index, workers, run) of this pytest process: its xdist worker index and the run's worker
+    count, and a number of its run (the controller's pid); a plain pytest process is (0, 1, pid).
+    What this module and tests/support/loopback_ports.py share out by."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        return int(worker[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), os.getppid()
+    return 0, 1, os.getpid()
+
+
 def test_domain(kind: str, env: Optional[str] = None) -> int:
     """The domain id of `kind` (one of KINDS) for this process; `env` names an override."""
     if env and os.environ.get(env):
         return int(os.environ[env])
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw"):
-        index, workers, run = int(worker[2:]), int(os.environ.get(
-            "PYTEST_XDIST_WORKER_COUNT", "1")), os.getppid()
-    else:
-        index, workers, run = 0, 1, os.getpid()
+    index, workers, run = this_worker()
     per_run = len(KINDS) * workers
     blocks = max(1, len(POOL) // per_run)
     return POOL[((run % blocks) * per_run + index * len(KINDS) + KINDS.index(kind)) % len(POOL)]

@@ -9,20 +9,16 @@ xdist worker) stepping through a share of its own, and skipping the ports of DDS
 """
 
 import itertools
-import os
 import socket
 from typing import Iterator, List
+
+from tests.support.domains import this_worker
 
 _FIRST, _END = 61000, 65536
 
 
 def _mine() -> Iterator[int]:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw"):
-        index, workers, run = int(worker[2:]), int(os.environ.get(
-            "PYTEST_XDIST_WORKER_COUNT", "1")), os.getppid()
-    else:
-        index, workers, run = 0, 1, os.getpid()
+    index, workers, run = this_worker()
     ports: List[int] = [p for p in range(_FIRST, _END) if (p - 7400) % 250 >= 100][index::workers]
     start = (run * 97) % len(ports)
     return itertools.cycle(ports[start:] + ports[:start])
