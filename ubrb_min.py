@@ -2190,7 +2190,6 @@ class LinkSession:
         # a stream link (serial): frames are made smaller when the line loses them (ubrb_stream)
         self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
         self.fit_lost = 0  # REL frames deemed lost since the last fit
-        self.need_at = 0  # when the peer last said it still needs frame una (its ack)
         self.rel_rx_expected = 0
         if self.hold is not None:
             self.hold.clear()
@@ -2221,6 +2220,9 @@ class LinkSession:
 
     def _go_down(self):
         # the one way out of LINK_UP: the dead timer, a new peer session, a desync
+        if self.fit is not None:
+            self.fit.probe = 0
+            self.cwnd = 1
         if self.state == LINK_UP:
             self.state = _LINK_DOWN
             self.stat_counts[_LKC_DOWN] += 1
@@ -2445,12 +2447,15 @@ class LinkSession:
 
     def _hello(self, now):
         b = self.tx_buf
+        probe = self.fit is not None and self.fit.probe == 1  # (ubrb_stream: a reply wanted)
+        if probe:
+            self.fit.probe = 2
         L = self._head(LK_HELLO, 0, 18)
         b[8] = _LK_VERSION
         b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.chal or self.peer_epoch,
                          self.max_frame, self.max_message, self.window,
-                         (0 if self.state == LINK_UP else _LK_HF_REPLY) |
+                         (_LK_HF_REPLY if self.state != LINK_UP or probe else 0) |
                          (_LK_HF_KEYED if self.tag else 0) | (_LK_HF_CHAL if self.chal else 0))
         self.hello_reply = False
         self.chal = 0
@@ -2605,6 +2610,9 @@ class LinkSession:
         # long (an outage), not while its frames arrive (a noisy line loses ours: waiting longer
         # would not bring them through). Frames deemed lost that wait for the line (a paced
         # serial line) do not time out: they have not been sent again yet.
+        f = self.fit
+        if f is not None and f.probe == 2 and now - self.hello_at + LK_HELLO_MS >= self.rto:
+            f.start_probe(self, now)  # our probe went an RTO ago, no reply: ask again
         n = (self.nxt - self.una) & 255
         if n > self.sack_n + self.lost_n:
             s = self.una
@@ -2621,7 +2629,7 @@ class LinkSession:
                 self.cwnd = 1
                 if self.frame_cap and self.frame_len[self.una & self.ft_mask] > \
                         self.frame_cap - self.ovh:
-                    self.fit.recut(self)
+                    self.fit.start_probe(self, now)  # then recut, when it is safe
                 return
         if self.nak_late and now - self.go_back_at >= self._wait():
             self.go_back_at = now
@@ -2779,14 +2787,15 @@ class LinkSession:
             return
         self.last_rx = now
         a = b[p + 7]
-        if a == self.una:
-            self.need_at = now
         end = p + L - 4 - self.tag
         sack = (end - p - _LK_HDR) << 3 if kind == LK_ACK else 0  # bits of SACK bitmap
         if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0 or sack:  # else: nothing new
             self._on_ack(a, ctl & _LK_NAK, b, p + _LK_HDR, sack, now)
             if self.state != LINK_UP:     # the ack told of a desync
                 return
+        f = self.fit
+        if f is not None and f.probe == 3:
+            f.recut(self)                 # the first frame after the reply to our probe
         seq = b[p + 6]
         if kind == LK_REL:
             d = (seq - self.rel_rx_expected) & 255
@@ -2881,6 +2890,10 @@ class LinkSession:
         self.last_rx = now
         if flags & _LK_HF_REPLY:
             self.hello_reply = True
+            self.ack_pending = True  # (a probe: what we hold, right after the reply)
+        f = self.fit
+        if f is not None and f.probe == 2 and self.state == LINK_UP:
+            f.probe = 3               # the reply to our probe (ubrb_stream); the next frame tells
         if self.state != LINK_UP:
             self.state = LINK_UP
             self.stat_counts[_LKC_UP] += 1

@@ -14,11 +14,15 @@ from ubrb_min import copy_into
 class Stream:
     """A stream session's parts. Frame fitting: how many REL frames went since the last fit,
     and the per-byte loss the fits measured (smoothed); the session counts the frames it deems
-    lost (fit_lost) and when the peer last needed its oldest one (need_at)."""
+    lost (fit_lost). The probe that must come before frames in flight are cut again (recut)."""
 
     def __init__(self):
         self.sent = 0
         self.b = 0.0
+        # 0: no probe; 1: a probe HELLO is to go (the session's next HELLO asks for a reply);
+        # 2: it went, at probe_at; 3: the peer's reply came, the next frame of the peer decides
+        self.probe = 0
+        self.probe_at = 0
 
     def feed(self, s, buf, off, end):
         """Bytes of the stream arrived at session `s`, in any chunking: frames are parsed
@@ -65,19 +69,35 @@ class Stream:
         if not s.frame_cap:
             self.b = 0.0
 
+    def start_probe(self, s, now):
+        """An RTO found frames in flight cut before the line got noisy, too big to get through.
+        Cutting them again (new bytes under the same seqs) is safe only once no old copy can
+        still reach the peer, and a line that stalls (a USB adapter, a busy host) may hold
+        copies for longer than any RTO. So nothing more is sent and a HELLO asking for a reply
+        goes: the line is a FIFO both ways, so the peer's reply comes after every ack it sent
+        for our older frames, and the frame it sends after the reply tells what it holds once
+        all of them were in (recut). A probe already out keeps its time: a reply of any of
+        them tells of every frame sent before the first."""
+        if self.probe == 0:
+            self.probe_at = now
+        self.probe = 1
+        s.hello_reply = True
+        s.cwnd = 0
+
     def recut(self, s):
-        """After an RTO, when the frames in flight were cut before the line got noisy and are
-        too big to get through: cut them again at frame_cap. Only if none of them can still
-        reach the peer: it holds none (no SACK) and said it still needed the first of them well
-        after the last of them was sent (a copy still on its way would be taken under its old
-        seq, with its old bytes, and the stream would be out of step)."""
-        if s.sack_n:
+        """The peer's first frame after its reply to our probe (its acks applied): cut the
+        frames in flight again at frame_cap if the peer holds none of them (no SACK), still
+        needs the first, and every one of them was last sent before the probe. Else nothing:
+        the next RTO probes again."""
+        self.probe = 0
+        s.cwnd = 1
+        if s.sack_n or s.una == s.nxt or not s.frame_cap or \
+                s.frame_len[s.una & s.ft_mask] <= s.frame_cap - s.ovh:
             return
         t = s.frame_sent_at
-        late = s.need_at - (s.srtt + 4 * s.rttvar + 20)
         q = s.una
         while q != s.nxt:
-            if t[q & s.ft_mask] - late >= 0:
+            if t[q & s.ft_mask] - self.probe_at >= 0:
                 return
             q = (q + 1) & 255
         s.nxt = s.una

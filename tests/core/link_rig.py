@@ -133,3 +133,55 @@ class Line(VirtualClock):
         assert self.run(2000, until=lambda: self.a.is_up() and self.b.is_up())
 
 
+
+
+class StallingLine(VirtualClock):
+    """Two sessions joined by a serial line: each direction a FIFO of bytes that moves
+    `per_ms` bytes a millisecond, into which a sender writes only while fewer than `buf` bytes
+    wait (the OS's and the adapter's buffers). Every `every` ms on average the line stalls
+    for `length` / 2 ... `length` ms (a USB adapter, a busy host): nothing moves, then it goes on
+    at its pace, what waited arriving late but in order."""
+
+    def __init__(self, a, b, seed, per_ms=92, buf=8192, every=2000, length=500, now=1000):
+        VirtualClock.__init__(self, now)
+        self.a = a
+        self.b = b
+        self.per_ms = per_ms
+        self.buf = buf
+        self.every = every
+        self.length = length
+        self.rng = Rng(seed)
+        self.q = [b"", b""]
+        self.next_stall = -1     # stalls start with start_stalling()
+        self.stall_end = -1
+        self.stalls = 0
+
+    def start_stalling(self):
+        self.next_stall = self.now + self.every
+
+    def step(self, dt=1):
+        now = self.now
+        if self.stall_end < 0 and 0 <= self.next_stall <= now:
+            self.stall_end = now + self.length // 2 + self.rng.next(self.length // 2 + 1)
+            self.stalls += 1
+        elif 0 <= self.stall_end <= now:
+            self.stall_end = -1
+            self.next_stall = now + self.every // 2 + self.rng.next(self.every)
+        for d in (0, 1):
+            x, y = (self.a, self.b) if d == 0 else (self.b, self.a)
+            q = self.q[d]
+            if self.stall_end < 0 and q:
+                k = self.per_ms * dt
+                c, q = q[:k], q[k:]
+                y.feed(c, 0, len(c), now)
+            x.tick(now)
+            while len(q) < self.buf:
+                n = x.poll_tx(now)
+                if n == 0:
+                    break
+                q += bytes(x.tx_buf[:n])
+            self.q[d] = q
+        self.now = now + dt
+
+    def up(self):
+        assert self.run(3000, until=lambda: self.a.is_up() and self.b.is_up())
