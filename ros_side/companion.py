@@ -84,7 +84,11 @@ Registration work is bounded
     discovery round, and Cyclone ~80 bytes it never gives back). So a released entity leaves the
     ROS graph ``linger_ms`` later (250 ms: a client's release is still seen within a second). A
     transient_local one is deleted at once: its history would hand the last registration's
-    samples to a late joiner of the next one.
+    samples to a late joiner of the next one. A gateway's session reset releases every slot
+    the same way, and its volatile entities linger at least ``SESSION_LINGER_MS``: a new session of
+    the gateway registers its topics again at once, and the PUBLISHes it kept (ubrb_keep) follow,
+    so they go to the writer its readers already matched (a new one would hand a volatile reader
+    nothing written before discovery matched them).
 
 Subscriber counts
     Every ``sub_count_interval_ms`` the companion asks the backend for the count of each publisher
@@ -149,6 +153,9 @@ DRAIN_MS = 6000
 DRAIN_MAX = 32          # released writers kept at once (registration churn): past it the oldest go
 DRAIN_CHECK_MS = 20     # how often poll() asks them (one backend call each)
 CLOSE_DRAIN_MS = 2000   # at close: how long the companion waits for them in all before it exits
+# a session reset's released volatile entities linger at least this long for the new session's
+# registrations (the handshake, then its registrations: well under a second on a serial line)
+SESSION_LINGER_MS = 1000
 TF_TYPE = "tf2_msgs/msg/TFMessage"
 TF_UNION_MAX_FRAMES = 10000   # child frames a /tf_static union keeps (a robot has tens)
 _LE_HEADER = b"\x00\x01\x00\x00"
@@ -572,10 +579,9 @@ class Companion:
                         dropped[slot] = dropped.get(slot, 0) + 1
         self._pending.clear()
         for slot in list(self._pub_slots):
-            self._release_slot("pub", slot)
+            self._release_slot("pub", slot, SESSION_LINGER_MS)
         for slot in list(self._sub_slots):
-            self._release_slot("sub", slot)
-        self._expire_idle(0, everything=True)
+            self._release_slot("sub", slot, SESSION_LINGER_MS)
         with self._qlock:
             self._queue.clear()
             self._queued_bytes = 0
@@ -593,6 +599,7 @@ class Companion:
 
     def close(self, close_backend=True):
         self.reset()
+        self._expire_idle(0, everything=True)
         self._drain_at_close()
         if self.latched is not None:
             self.latched.close()
@@ -701,7 +708,7 @@ class Companion:
             raise RosError("type_conflict", "%s is published by the companion with type %s"
                            % (topic, diag.TYPE))
 
-    def _release_slot(self, kind, slot):
+    def _release_slot(self, kind, slot, linger_ms=0):
         slots = self._pub_slots if kind == "pub" else self._sub_slots
         ent = slots.pop(slot, None)
         if kind == "pub":
@@ -724,6 +731,8 @@ class Companion:
             idle = self._idle
             idle.pop((kind, ent.topic), None)
             ent.idle_since = self._now
+            if linger_ms > self._linger and self._now is not None:
+                ent.idle_since += linger_ms - self._linger   # (expires linger_ms from now)
             idle[(kind, ent.topic)] = ent
             if len(idle) > self._linger_max:
                 self._destroy(idle.pop(next(iter(idle))))

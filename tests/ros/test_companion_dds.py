@@ -20,7 +20,7 @@ from rosbags.typesys import Stores, get_typestore
 from tests.support import ros_idl as I
 from ros_helpers import TEST_DOMAIN, RecordingSink
 from tests.support.procs import wait_for
-from ros_side.companion import Companion
+from ros_side.companion import SESSION_LINGER_MS, Companion
 from tests.support.qos import QOS_BE, QOS_LATCH, QOS_R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -270,7 +270,9 @@ def test_reset_releases_everything(comp, sink, dp):
     comp.subscribe(1, "/reset_sub", "std_msgs/msg/String", QOS_R)
     assert wait_for(lambda: r.get_subscription_matched_status().current_count == 1
                     and w.get_publication_matched_status().current_count == 1)
-    comp.reset()
+    comp.poll(1000)
+    comp.reset()      # they linger for the gateway's next session (SESSION_LINGER_MS) ...
+    comp.poll(1000 + SESSION_LINGER_MS)    # ... and go when it did not take them again
     assert wait_for(lambda: r.get_subscription_matched_status().current_count == 0
                     and w.get_publication_matched_status().current_count == 0)
     d = comp.diagnostics()
