@@ -2888,10 +2888,11 @@ class LinkSession:
             return
         self.stat_counts[_LKC_HELLO_OK] += 1
         self.last_rx = now
+        f = self.fit
         if flags & _LK_HF_REPLY:
             self.hello_reply = True
-            self.ack_pending = True  # (a probe: what we hold, right after the reply)
-        f = self.fit
+            if f is not None and self.state == LINK_UP:
+                self.ack_pending = True  # (maybe a probe: what we hold, right after the reply)
         if f is not None and f.probe == 2 and self.state == LINK_UP:
             f.probe = 3               # the reply to our probe (ubrb_stream); the next frame tells
         if self.state != LINK_UP:

@@ -48,6 +48,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -352,6 +353,8 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
             elif time.monotonic() - last_t > 3.0:
                 break
             time.sleep(0.05)
+        if len(distinct - unsent) < written - len(unsent):
+            r["stuck"] = where_stuck(chain, col, distinct, unsent, written)
         got = col.stop()
         w.proc.send_signal(signal.SIGTERM)
         r["errors"] = json.loads(w.wait_line(r"^errors: (.*)$", 10.0).group(1))
@@ -383,6 +386,48 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
     r["target"] = cond.get("target", {})
     r["met"] = met(r)
     return r
+
+
+def where_stuck(chain: K.Chain, col: Any, distinct: set, unsent: set, written: int,
+                wait: float = 10.0) -> Dict[str, Any]:
+    """Messages written are still missing after the drain: where are they? The gateway's and
+    the companion's live counters (SIGUSR1) and the TCP queues of the client's connection now,
+    then whether they arrive within ``wait`` more seconds (late: held somewhere that a later
+    event releases) or only at the stop (the stop's drain released them)."""
+    outs = []
+    for p in (chain.gw, chain.comp):
+        if p is not None:
+            outs.append(len(p.output()))
+            os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    snap: Dict[str, Any] = {}
+    for who, p, n in zip(("gw", "comp"), (chain.gw, chain.comp), outs):
+        text = p.output()[n:] if p is not None else ""
+        snap[who] = {g: K.last_counters(text, g) for g in ("gateway", "link", "companion")
+                     if K.last_counters(text, g)}
+    try:
+        ss = subprocess.run(["ss", "-tnoiH", "( sport = :%d or dport = :%d )"
+                             % (chain.port, chain.port)], capture_output=True, text=True,
+                            timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        ss = "ss: %s" % e
+    missing = written - len(distinct - unsent)
+    t0 = time.monotonic()
+    late: List[float] = []
+    looked = col.count()
+    while time.monotonic() - t0 < wait and len(late) < missing:
+        n = col.count()
+        for _, d in col.got[looked:n]:
+            try:
+                s = field_tag(d)[0]
+            except ValueError:
+                continue
+            if s not in distinct and s not in unsent:
+                distinct.add(s)
+                late.append(round(time.monotonic() - t0, 3))
+        looked = n
+        time.sleep(0.05)
+    return {"counters": snap, "tcp": ss, "arrived_later_s": late, "missing": missing}
 
 
 def _event(cond: Dict[str, Any], chain: K.Chain, proxy: Optional[UdpImpairProxy], line: Any,
@@ -533,6 +578,12 @@ def fmt(r: Dict[str, Any]) -> str:
         lines.append("    gateway: " + ", ".join("%s %d" % kv for kv in sorted(gw.items())))
     if r.get("errors"):
         lines.append("    ERROR frames to the client: %s" % ", ".join(r["errors"]))
+    if r.get("stuck"):
+        st = r["stuck"]
+        lines.append("    STUCK after the drain: %d missing; %d arrived in the next 10 s (at %s s); "
+                     "live counters %s; tcp %s" % (st["missing"], len(st["arrived_later_s"]),
+                                                   st["arrived_later_s"], st["counters"],
+                                                   st["tcp"].replace("\n", " | ")))
     if "proxy" in r:
         lines.append("    impairment each way: " + ", ".join("%s %s" % kv
                                                          for kv in r["impair"].items()))

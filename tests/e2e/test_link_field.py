@@ -93,6 +93,8 @@ def assert_nothing_lost(r: Dict[str, Any], duplicates_allowed: bool = False) -> 
     """Everything the client wrote arrives, in order; nothing dropped silently by the gateway."""
     assert r["missing"] == 0 and r["out_of_order"] == 0, LF.fmt(r)
     assert duplicates_allowed or r["duplicates"] == 0, LF.fmt(r)
+    # (nothing came for 3 s while some were missing: where_stuck looked where, and waited)
+    assert not r.get("stuck"), LF.fmt(r)
     assert not r["gw"].get("dropped_no_ros"), LF.fmt(r)
 
 

@@ -488,7 +488,7 @@ import argparse, sys, threading
 sys.path.insert(0, sys.argv[1])
 from ros_side.__main__ import declare_parameters
 from ros_side.backends import make_backend
-from ros_side.companion import Companion
+from ros_side.companion import SESSION_LINGER_MS, Companion
 
 backend = make_backend("rclpy", domain=int(sys.argv[2]))
 seen = []
@@ -507,8 +507,9 @@ params = {n: node.get_parameter(n).value for n in ("link", "baud", "no_diagnosti
 q = {"reliability": "reliable", "durability": "volatile", "depth": 10}
 comp.advertise(1, "/w", "std_msgs/msg/String", q)
 comp.subscribe(1, "/w2", "geometry_msgs/msg/Twist", q)
-comp.poll()  # (one past the companion's registration budget per poll waits for it)
-comp.reset()
+comp.poll(1000)  # (one past the companion's registration budget per poll waits for it)
+comp.reset()     # (they linger for the gateway's next session, then go)
+comp.poll(1000 + SESSION_LINGER_MS)
 print(params == {"link": "udp://0.0.0.0:8269", "baud": 921600, "no_diagnostics": False},
       sorted({n for n, _ in seen}), all(on_executor for _, on_executor in seen))
 comp.close()
