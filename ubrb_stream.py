@@ -77,7 +77,10 @@ class Stream:
         goes: the line is a FIFO both ways, so the peer's reply comes after every ack it sent
         for our older frames, and the frame it sends after the reply tells what it holds once
         all of them were in (recut). A probe already out keeps its time: a reply of any of
-        them tells of every frame sent before the first."""
+        them tells of every frame sent before the first. (Up, the peer sends a HELLO only to
+        answer one that asks: a reply to one of our handshake HELLOs still on its way would be
+        taken for the probe's; that needs the line to stall and the fitting to shrink the
+        frames within the link's first round trips, and is not guarded against.)"""
         if self.probe == 0:
             self.probe_at = now
         self.probe = 1
