@@ -2627,9 +2627,8 @@ class LinkSession:
                 if now - self.last_rx >= self.rto:  # silence: an outage, not a noisy line
                     self.rto = min(self.rto * 2, _LK_RTO_MAX)
                 self.cwnd = 1
-                if self.frame_cap and self.frame_len[self.una & self.ft_mask] > \
-                        self.frame_cap - self.ovh:
-                    self.fit.start_probe(self, now)  # then recut, when it is safe
+                if self.fit is not None:
+                    self.fit.timeout(self, now)  # smaller frames, and those in flight cut again
                 return
         if self.nak_late and now - self.go_back_at >= self._wait():
             self.go_back_at = now

@@ -69,6 +69,16 @@ class Stream:
         if not s.frame_cap:
             self.b = 0.0
 
+    def timeout(self, s, now):
+        """An RTO of session `s` deemed its frames in flight lost. If the peer is still heard
+        (a noisy line, not a silent one), fit the frame size to those losses now rather than
+        at the next frame: that frame is then already cut to the line, and frames in flight too
+        big for it are probed for and cut again (a noisy line's first RTO, not its second)."""
+        if self.sent and s.fit_lost >= 4 and now - s.last_rx < s.rto:
+            self.frames(s)
+        if s.frame_cap and s.frame_len[s.una & s.ft_mask] > s.frame_cap - s.ovh:
+            self.start_probe(s, now)  # then recut, when it is safe
+
     def start_probe(self, s, now):
         """An RTO found frames in flight cut before the line got noisy, too big to get through.
         Cutting them again (new bytes under the same seqs) is safe only once no old copy can

@@ -140,10 +140,13 @@ class StallingLine(VirtualClock):
     `per_ms` bytes a millisecond, into which a sender writes only while fewer than `buf` bytes
     wait (the OS's and the adapter's buffers). Every `every` ms on average the line stalls
     for `length` / 2 ... `length` ms (a USB adapter, a busy host): nothing moves, then it goes on
-    at its pace, what waited arriving late but in order."""
+    at its pace, what waited arriving late but in order. `noise(data, 0)`, if given, may flip
+    bits of what the gateway (a) sends (test_link_noisy.Noise)."""
 
-    def __init__(self, a, b, seed, per_ms=92, buf=8192, every=2000, length=500, now=1000):
+    def __init__(self, a, b, seed, per_ms=92, buf=8192, every=2000, length=500, noise=None,
+                 now=1000):
         VirtualClock.__init__(self, now)
+        self.noise = noise
         self.a = a
         self.b = b
         self.per_ms = per_ms
@@ -173,6 +176,8 @@ class StallingLine(VirtualClock):
             if self.stall_end < 0 and q:
                 k = self.per_ms * dt
                 c, q = q[:k], q[k:]
+                if d == 0 and self.noise is not None:
+                    c = self.noise(c, 0)[0]
                 y.feed(c, 0, len(c), now)
             x.tick(now)
             while len(q) < self.buf:
