@@ -274,3 +274,32 @@ class BerLine(PtyLine):
             k += 1 + geometric_gap(self.rng, self.ber)
         self.gap[d] = k - n
         return bytes(b)
+
+
+class StallLine(PtyLine):
+    """A serial line at ``baud`` (paced like BerLine, no bit errors) that stalls: every
+    ``every`` s on average (uniform in [every / 2, 3 every / 2]) nothing moves either way for
+    ``length`` / 2 ... ``length`` s, then what waited goes on at the line's rate, in order (a USB
+    adapter or a busy host; seeded). ``stalls`` counts them."""
+
+    def __init__(self, baud: int, every: float = 2.0, length: float = 0.5, seed: int = 1,
+                 prefix: str = "ubrb-stall-", observe: Any = None) -> None:
+        self.rng = random.Random(seed)
+        self.every, self.length = every, length
+        self.stalls = 0
+        self._quit = threading.Event()
+        super().__init__(baud, prefix, observe)
+        self.stall_thread = threading.Thread(target=self._stall, daemon=True, name="pty-stall")
+        self.stall_thread.start()
+
+    def _stall(self) -> None:
+        while not self._quit.wait(self.every * (0.5 + self.rng.random())):
+            self.stalled = True
+            self.stalls += 1
+            self._quit.wait(self.length * (0.5 + 0.5 * self.rng.random()))
+            self.stalled = False
+
+    def close(self) -> None:
+        self._quit.set()
+        self.stall_thread.join(5)
+        super().close()

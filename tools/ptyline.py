@@ -90,7 +90,8 @@ class PtyLine(PtyCable):
     """A PtyCable with a relay thread. ``baud`` None: bytes move as fast as the ptys take them
     (the link drivers pace themselves); a number: the relay is the line's rate. ``moved[0]``
     counts the bytes delivered gateway -> companion, ``moved[1]`` the other way;
-    ``blackhole = True`` reads and drops everything (a cut cable); ``observe`` sees every delivered
+    ``blackhole = True`` reads and drops everything (a cut cable); ``stalled = True`` moves nothing
+    until it is False again (an adapter or a host that stalls); ``observe`` sees every delivered
     chunk (a frame sniffer); ``unplug("gw")`` / ``plug("gw")`` pull and re-plug one end's adapter
     (done by the relay thread, which alone selects on the masters); a subclass may corrupt what
     crosses by overriding ``impair``."""
@@ -101,6 +102,7 @@ class PtyLine(PtyCable):
         self.rate = baud / 10.0 if baud else 0.0
         self.moved = [0, 0]
         self.blackhole = False
+        self.stalled = False  # True: nothing moves (bytes wait in the line, then go on in order)
         self.observe = observe
         self._stop_r, self._stop_w = os.pipe()
         self._calls: List[Callable[[], None]] = []
@@ -187,7 +189,7 @@ class PtyLine(PtyCable):
                         pend[d] += self.impair(d, data)
             for d in (0, 1):
                 k = min(int(credit[d]), len(pend[d])) if paced else len(pend[d])
-                if k <= 0:
+                if k <= 0 or self.stalled:
                     continue
                 try:
                     k = os.write(src[1 - d], pend[d][:k])
