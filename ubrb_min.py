@@ -2220,8 +2220,9 @@ class LinkSession:
 
     def _go_down(self):
         # the one way out of LINK_UP: the dead timer, a new peer session, a desync
-        if self.fit is not None:
-            self.fit.probe = 0
+        f = self.fit
+        if f is not None and f.probe:  # a probe ends with the session it probed (ubrb_stream)
+            f.probe = 0
             self.cwnd = 1
         if self.state == LINK_UP:
             self.state = _LINK_DOWN

@@ -346,14 +346,14 @@ def run_condition(name: str, seconds: float = 10.0, rate: Optional[float] = None
                 except ValueError:
                     pass
             looked = n
-            if len(distinct - unsent) >= written - len(unsent):
+            if len(distinct - unsent) >= written:  # (written: the unsent are not in it)
                 break
             if n != last_n:
                 last_n, last_t = n, time.monotonic()
             elif time.monotonic() - last_t > 3.0:
                 break
             time.sleep(0.05)
-        if len(distinct - unsent) < written - len(unsent):
+        if len(distinct - unsent) < written:
             r["stuck"] = where_stuck(chain, col, distinct, unsent, written)
         got = col.stop()
         w.proc.send_signal(signal.SIGTERM)
