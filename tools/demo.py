@@ -256,7 +256,7 @@ class Demo:
     # -- signals --------------------------------------------------------------------------------
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.signal_name = signal.Signals(signum).name
-        self.stop_ev.set()
+        host_cli.set_on_signal(self.stop_ev)()
 
     def check(self) -> None:
         """Raise Stop on Ctrl-C, Failed if a child has died."""

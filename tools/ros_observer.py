@@ -627,7 +627,7 @@ class Echo:
 def _stop_event() -> threading.Event:
     ev = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: ev.set())
+        signal.signal(sig, host_cli.set_on_signal(ev))
     return ev
 
 

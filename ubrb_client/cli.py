@@ -170,7 +170,7 @@ class _Stop:
         self.event = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                signal.signal(sig, lambda *_: self.event.set())
+                signal.signal(sig, host_cli.set_on_signal(self.event))
             except ValueError:       # not the main thread (tests)
                 pass
 

@@ -139,3 +139,22 @@ def test_a_ctrl_c_cpython_disguised_or_swallowed_is_still_130() -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["set_name", "130", "stray", "130"], r.stdout + r.stderr
     assert r.stderr == "", r.stderr  # no 'Exception ignored', no traceback
+
+
+def test_a_stop_signal_inside_event_wait_still_sets_the_event() -> None:
+    # The client's commands, the demo and the ROS observer stop on a threading.Event that SIGINT
+    # and SIGTERM set. A handler runs in the main thread between two bytecodes, and the main
+    # thread spends its waits inside Event.wait(), which holds the event's lock for a few of
+    # them: a handler calling event.set() there waited for that lock forever (`ubrb_client sim`
+    # did not exit within 5 s of SIGTERM once in ten runs of the suite). Here the handler runs
+    # with the lock held, as it would at that moment.
+    import threading
+
+    from ubrb_host import cli as host_cli
+    ev = threading.Event()
+    handler = host_cli.set_on_signal(ev)
+    with ev._cond:                 # type: ignore[attr-defined]  # (Event.wait holds it so)
+        t0 = time.monotonic()
+        handler(signal.SIGTERM, None)      # `lambda *_: ev.set()` never returned from here
+        assert time.monotonic() - t0 < 1.0
+    assert ev.wait(5), "the event was never set"
