@@ -145,9 +145,9 @@ def test_a_stop_signal_inside_event_wait_still_sets_the_event() -> None:
     # The client's commands, the demo and the ROS observer stop on a threading.Event that SIGINT
     # and SIGTERM set. A handler runs in the main thread between two bytecodes, and the main
     # thread spends its waits inside Event.wait(), which holds the event's lock for a few of
-    # them: a handler calling event.set() there waited for that lock forever (`ubrb_client sim`
-    # did not exit within 5 s of SIGTERM once in ten runs of the suite). Here the handler runs
-    # with the lock held, as it would at that moment.
+    # them: a handler calling event.set() there waits for that lock forever (a likely cause of
+    # `ubrb_client sim` not exiting within 5 s of SIGTERM once in ten runs of the suite). Here
+    # the handler runs with the lock held, as it would at that moment.
     import threading
 
     from ubrb_host import cli as host_cli

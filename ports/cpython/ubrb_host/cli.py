@@ -584,9 +584,9 @@ def stop_on_signals(stop: Callable[..., Any]) -> None:
 def set_on_signal(event: threading.Event) -> Callable[..., None]:
     """A signal handler that sets `event`. Not `event.set` itself: a handler runs in the main
     thread between two bytecodes, which may be inside `event.wait()` holding the event's lock
-    (a plain Lock), and `set()` would then wait for that lock forever: Ctrl-C hung the program
-    (`ubrb_client sim` did not stop on SIGTERM once in ten test runs). A short-lived thread
-    takes the lock once the main thread lets go of it."""
+    (a plain Lock), and `set()` would then wait for that lock forever: the program hangs on
+    Ctrl-C (a likely cause of `ubrb_client sim` not stopping within 5 s of SIGTERM once in ten
+    test runs). A short-lived thread takes the lock once the main thread lets go of it."""
     def handler(*_: Any) -> None:
         threading.Thread(target=event.set, name="signal", daemon=True).start()
     return handler
