@@ -14,10 +14,29 @@ from client_fakebridge import FakeServer
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+_started = []   # every client process a test started (no_orphans kills what is left)
+
+
 def cli(server, *args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "ubrb_client", *args,
-                             "--server", f"127.0.0.1:{server.port}", "--reconnect-interval", "0.2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    p = subprocess.Popen([sys.executable, "-m", "ubrb_client", *args,
+                          "--server", f"127.0.0.1:{server.port}", "--reconnect-interval", "0.2"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    _started.append(p)
+    return p
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """A client a failed test left running goes with the test. One that outlived it (a `sim`
+    hung on SIGTERM) reconnected every 0.2 s to its old port for 40 minutes, and later tests'
+    gateways on that port got its /odom and /tf_static: a type_conflict and a foreign sample
+    in three later runs of the suite on the same machine."""
+    yield
+    while _started:
+        p = _started.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
 
 
 def subscribed(server, topic):
