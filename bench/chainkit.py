@@ -73,7 +73,20 @@ def child_env() -> Dict[str, str]:
     return env
 
 
+# Where free ports come from: the kernel's ephemeral range, unless a caller hands its own source
+# (use_ports). The tests do: another worker's socket can take an ephemeral port between this
+# check and the child's bind ("address already in use" for a companion once).
+_port_source: Optional[Callable[[int], int]] = None
+
+
+def use_ports(source: Callable[[int], int]) -> None:
+    global _port_source
+    _port_source = source
+
+
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    if _port_source is not None:
+        return _port_source(kind)
     s = socket.socket(socket.AF_INET, kind)
     s.bind(("127.0.0.1", 0))
     p = s.getsockname()[1]

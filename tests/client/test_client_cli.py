@@ -14,7 +14,7 @@ from client_fakebridge import FakeServer
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-_started = []   # every client process a test started (no_orphans kills what is left)
+_started: list = []   # every client process a test started (no_orphans kills what is left)
 
 
 def cli(server, *args, **kw):

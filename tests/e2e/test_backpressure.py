@@ -28,7 +28,9 @@ from tests.e2e.helpers import E2E_DOMAIN, E2E_XML
 # CYCLONEDDS_URI for this process and its children)
 os.environ["UBRB_BENCH_XML"] = E2E_XML
 os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
+from tests.support import loopback_ports  # noqa: E402
 from bench import chainkit as K  # noqa: E402
+K.use_ports(loopback_ports.free_port)  # ports from this worker's share, not the kernel's
 
 SIZE = 1024
 # The QoS the bursting clients advertise. Since issue 21 the companion's writers are KEEP_LAST

@@ -31,7 +31,9 @@ from tests.support.side_by_side import Outcome, side_by_side
 # chainkit (and so link_field) joins this run's DDS domain and discovery tag
 os.environ["UBRB_BENCH_XML"] = E2E_XML
 os.environ["UBRB_BENCH_DOMAIN"] = str(E2E_DOMAIN)
+from tests.support import loopback_ports  # noqa: E402
 from bench import chainkit as K  # noqa: E402
+K.use_ports(loopback_ports.free_port)  # ports from this worker's share, not the kernel's
 from bench import link_field as LF  # noqa: E402
 
 SECONDS = 3.0      # offered load without an outage (3,000 messages at 1,000 msg/s)

@@ -29,7 +29,9 @@ from tests.support.ros_procs import ROS_PYTHON, TEST_DOMAIN, Peer, require_ros, 
 
 # chainkit sets CYCLONEDDS_URI from this when it is imported first: keep this run's loopback one
 os.environ.setdefault("UBRB_BENCH_XML", LOOPBACK_XML)
+from tests.support import loopback_ports  # noqa: E402
 from bench import chainkit as K  # noqa: E402
+K.use_ports(loopback_ports.free_port)  # ports from this worker's share, not the kernel's
 
 T = "sensor_msgs/msg/Image"
 Q = {"reliability": "reliable", "durability": "volatile", "depth": 10}
