@@ -16,7 +16,6 @@ buffers still held, clients gone) within HEAP_CI_DRIFT64 of start-up's.
 
 from __future__ import annotations
 
-import ast
 import functools
 import os
 import re
@@ -29,7 +28,7 @@ import pytest
 from tests.e2e.helpers import Client, key_file, ser, string_msg
 from tests.e2e.mp_bridge import DEEP, S, MicroPythonBridge
 from tests.support import mp_unix
-from tests.support.side_by_side import Outcome, side_by_side
+from tests.support.side_by_side import Outcome, literal_eval, side_by_side
 
 # UBRB_HEAPCI_H64 / UBRB_HEAPCI_H64_KEYED ("166k") try another heap (finding the smallest)
 HEAPS = {False: os.environ.get("UBRB_HEAPCI_H64", mp_unix.H64),
@@ -93,8 +92,8 @@ def run_load(keyed: bool, tmp: Any) -> Dict[str, Any]:
         gw.wait_line(r"client 1 .*closed", 5)
         gw.stop(signal.SIGINT)
         m = gw.wait_line(r"heap at stop: (\d+) bytes used, (\d+) free", 5)
-        counters = ast.literal_eval(gw.wait_line(r"stopped; counters: (\{.*\})$", 5).group(1))
-        link = ast.literal_eval(gw.wait_line(r"link counters: (\{.*\})$", 5).group(1))
+        counters = literal_eval(gw.wait_line(r"stopped; counters: (\{.*\})$", 5).group(1))
+        link = literal_eval(gw.wait_line(r"link counters: (\{.*\})$", 5).group(1))
         out = gw.text()
     finally:
         for c in (a, b):

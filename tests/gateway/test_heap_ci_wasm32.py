@@ -20,7 +20,6 @@ the load within HEAP_CI_DRIFT32 of start-up's (and not a byte below where the wa
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import os
@@ -40,7 +39,7 @@ from ros_side.link_end import LinkCompanionEnd
 from tests.support import mp_unix
 from tests.support.procs import ROOT
 from tests.support.qos import QOS_R
-from tests.support.side_by_side import Outcome, side_by_side
+from tests.support.side_by_side import Outcome, literal_eval, side_by_side
 from tests.support.ubrb_frames import advertise, hello, publish, split_frames, subscribe
 from tools import deploy
 
@@ -344,8 +343,8 @@ def run_load(tmp: Path, keyed: bool) -> Dict[str, Any]:
         out = board.output()
     finally:
         board.close()
-    counters = ast.literal_eval(found(r"stopped; counters: (\{.*\})", out))
-    link = ast.literal_eval(found(r"link counters: (\{.*\})", out))
+    counters = literal_eval(found(r"stopped; counters: (\{.*\})", out))
+    link = literal_eval(found(r"link counters: (\{.*\})", out))
     return {"heap": heap, "report": rep, "line_free": line_free, "line": m.group(0),
             "warm": warm, "end": end, "stopped": stopped, "out": out, "counters": counters,
             "link": link, "a": a, "b": b, "seconds": time.monotonic() - t0}
