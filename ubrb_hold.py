@@ -58,7 +58,7 @@ class Hold:
             self.held -= 1
             s.rel_rx_expected = (e + 1) & 255
             p = j * self.stride
-            s._rel_body(self.buf, p, p + n)  # (the session's own delivery)
+            s.reader.rel(self.buf, p, p + n)  # (the session's own delivery)
 
     def sack(self, tx, q, e):
         """The SACK bitmap at tx[q:q + n/8]: bit i & 7 of byte i >> 3 is "I hold seq e + 1 + i"

@@ -1952,7 +1952,7 @@ class LinkOutput:
 
     def __init__(self, session, bytes_per_s):
         self.s = session
-        session.line_bps = bytes_per_s  # for the session's RTO floor and the stats budget
+        session.rtt.line_bps = bytes_per_s  # for the session's RTO floor and the stats budget
         self.pace = bytes_per_s  # 0: unpaced (UDP)
         self.credit = 0  # milli-bytes, see pace_credit
         self.last = -1  # time of the last start(), -1 before the first
@@ -2057,6 +2057,422 @@ _LKC_HELLO_IGNORED = const(35)
 _LKC_N = const(36)
 
 
+class RttEstimator:
+    """The round trip as the acks measure it (smoothed, with its variation: RFC 6298), the
+    retransmission timeout from it, and RACK's reordering allowance: how long a frame may be
+    overtaken by later ones before it is deemed lost."""
+
+    def __init__(self):
+        self.srtt = 0
+        self.rttvar = 0
+        self.rto = _LK_RTO_INIT
+        self.reo = 0  # ms of reordering allowed (grows when a frame sent again was not lost)
+        self.line_bps = 0  # paced line rate (bytes/s; LinkOutput sets it), 0: fast or unknown
+
+    def wait(self):
+        # how long a frame may be out before a later one's arrival makes it lost: a round trip
+        # and the reordering allowance, but less than the RTO (which would find every loss first)
+        r = self.srtt >> 2
+        if self.rttvar > r:
+            r = self.rttvar
+        if self.reo > r:
+            r = self.reo
+        r += self.srtt + 2
+        return r if r < self.rto else self.rto - 1
+
+    def sample(self, r, max_frame):
+        if self.srtt == 0:
+            self.srtt = r if r > 0 else 1
+            self.rttvar = r >> 1
+        else:
+            d = self.srtt - r
+            if d < 0:
+                d = -d
+            self.rttvar = (3 * self.rttvar + d) >> 2
+            self.srtt = (7 * self.srtt + r) >> 3
+        self.set_rto(max_frame)
+
+    def set_rto(self, max_frame):
+        v = self.rttvar * 4
+        if v < 20:
+            v = 20
+        r = self.srtt + v
+        lo = _LK_RTO_MIN
+        if self.line_bps:
+            # an ACK may wait behind a whole frame each way: never time out faster than that
+            lo += 2 * max_frame * 1000 // self.line_bps
+        self.rto = lo if r < lo else (_LK_RTO_MAX if r > _LK_RTO_MAX else r)
+
+
+class BestEffortQueue:
+    """The best-effort records waiting for the line: a ring of (6-byte tag + record), where
+    each slot keeps its newest `depth` pending records (a newer one supersedes the oldest) and a
+    full ring drops its oldest. Records that fit go out several to a frame; a bigger one goes
+    out in fragments, and once started it is no longer superseded."""
+
+    def __init__(self, size, max_slots, counts):
+        self.ring = bytearray(size)
+        self.tag = bytearray(6)
+        self.max_slots = max_slots
+        self.counts = counts
+        self.last = array("i", [-1] * (max_slots + 1))  # per slot: ring position of its
+        # newest record (-1: none)
+        # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
+        # LinkSession.set_depth) and how many do (live, not started)
+        self.depth = bytearray(b"\x01" * (max_slots + 1))
+        self.cnt = bytearray(max_slots + 1)
+        self.kind = _LK_BE  # of the frame fill() built last
+        self.reset()
+
+    def reset(self):
+        self.head = self.n = self.live = self.sent_part = 0
+        self.seq = 0  # of the next best-effort frame
+        for i in range(len(self.last)):
+            self.last[i] = -1
+            self.cnt[i] = 0
+
+    def put(self, slot, hb, h, buf, off, n):
+        # queue the record: header hb[0:h], body buf[off:off + n]
+        be = self.ring
+        cap = len(be)
+        need = h + n
+        key = slot if slot < self.max_slots else self.max_slots
+        if self.cnt[key] >= self.depth[key]:  # newest win: the oldest pending one dies
+            self._kill(key)
+        tot = 6 + need
+        while cap - self.n < tot:      # full: drop the oldest
+            if self._pop():
+                self.counts[_LKC_DROP_BE] += 1
+        pos = self.head + self.n
+        if pos >= cap:
+            pos -= cap
+        self.last[key] = pos
+        self.cnt[key] += 1
+        tag = self.tag                    # live, key(2), record length(3)
+        tag[0] = 1
+        tag[1] = key & 0xFF
+        tag[2] = key >> 8
+        tag[3] = need & 0xFF
+        tag[4] = (need >> 8) & 0xFF
+        tag[5] = need >> 16
+        _lk_ring_put(be, pos, tag, 0, 6)
+        p = pos + 6
+        if p >= cap:
+            p -= cap
+        _lk_ring_put(be, p, hb, 0, h)
+        p += h
+        if p >= cap:
+            p -= cap
+        _lk_ring_put(be, p, buf, off, n)
+        self.n += tot
+        self.live += 1
+
+    def _kill(self, key):
+        # the oldest pending (live, not started) record of `key` is superseded: mark it dead
+        be = self.ring
+        cap = len(be)
+        pos = self.last[key]
+        if self.cnt[key] > 1:          # depth > 1: find the oldest from the head
+            h = self.head
+            left = self.n
+            while left > 0:
+                w = 6 + (be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) |
+                         (be[(h + 5) % cap] << 16))
+                if be[h] and (be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)) == key and \
+                        not (h == self.head and self.sent_part > 0):
+                    pos = h
+                    break
+                h = (h + w) % cap
+                left -= w
+        be[pos] = 0
+        self.live -= 1
+        self.cnt[key] -= 1
+        if self.last[key] == pos:
+            self.last[key] = -1
+        self.counts[_LKC_DROP_BE] += 1
+
+    def _pop(self):
+        # drop the head record of the ring; True if it was live
+        be = self.ring
+        cap = len(be)
+        h = self.head
+        live = be[h]
+        key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
+        w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
+        if self.last[key] == h:
+            self.last[key] = -1
+        if live:
+            self.live -= 1
+            if self.sent_part == 0:    # not started: it was counted as pending
+                self.cnt[key] -= 1
+        h += 6 + w
+        self.head = h % cap
+        self.n -= 6 + w
+        self.sent_part = 0
+        return live
+
+    def fill(self, tx, m):
+        # the body of the next frame at tx[_LK_HDR:], at most m bytes: whole records, or one
+        # fragment (self.kind says which); returns its length, 0: nothing to send
+        be = self.ring
+        cap = len(be)
+        q = _LK_HDR
+        kind = _LK_BE
+        while self.n > 0:
+            h = self.head
+            w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
+            if not be[h]:
+                self._pop()
+                continue
+            if self.sent_part > 0 or w > m:
+                if q > _LK_HDR:
+                    break
+                if self.sent_part == 0:        # started: no longer replaceable
+                    key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
+                    if self.last[key] == h:
+                        self.last[key] = -1
+                    self.cnt[key] -= 1
+                q = _lk_putvar(tx, q, w)
+                q = _lk_putvar(tx, q, self.sent_part)
+                k = w - self.sent_part
+                if k > m - (q - _LK_HDR):
+                    k = m - (q - _LK_HDR)
+                _lk_ring_get(tx, q, be, (h + 6 + self.sent_part) % cap, k)
+                q += k
+                self.sent_part += k
+                if self.sent_part == w:
+                    self._pop()
+                kind = LK_BEFRAG
+                self.counts[_LKC_FRAG_TX] += 1
+                break
+            if q + w > _LK_HDR + m:
+                break
+            _lk_ring_get(tx, q, be, (h + 6) % cap, w)
+            q += w
+            self._pop()
+        self.kind = kind
+        return q - _LK_HDR
+
+
+class RecordReader:
+    """The records in the peer's frames, handed to the handler: the reliable class is a byte
+    stream of records that may span frames; a best-effort frame holds whole records, or one
+    fragment of a record too big for a frame (reassembled here; one lost fragment loses the
+    record). Best-effort seqs go through an anti-replay window: UDP may duplicate a datagram."""
+
+    def __init__(self, handler, max_message, counts):
+        self.handler = handler
+        self.max_message = max_message
+        self.counts = counts
+        self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
+        self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
+        self.win = [255, 0]  # lk_replayed's window over best-effort seqs
+        # record header being parsed: type, slot, length (varints)
+        self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
+        self.reset()
+
+    def reset(self):
+        self.rec_have = 0
+        self.rec_need = 0
+        self.rec_header_have = 0
+        self.rec_type = self.rec_slot = self.rec_length = 0
+        self.skip = 0
+        self.frag_active = False
+        self.frag_total = self.frag_have = self.frag_seq = self.frag_started_at = 0
+        self.win[0] = 255
+        self.win[1] = 0
+
+    def expire(self, now):
+        # a fragmented record whose next fragment is overdue is gone
+        if self.frag_active and now - self.frag_started_at >= LK_FRAG_MS:
+            self.frag_active = False
+            self.counts[_LKC_FRAG_DROP] += 1
+
+    def dup(self, seq):
+        # best-effort frames are never delivered twice (UDP may duplicate them): seqs mod 256
+        d = (seq - self.win[0]) & 255
+        return lk_replayed(self.win, seq, d if d < 128 else d - 256)
+
+
+    def _varint(self, b, q, end, max_shift):
+        # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
+        v = 0
+        sh = 0
+        while True:
+            if q >= end:
+                return 0
+            c = b[q]
+            q += 1
+            v |= (c & 0x7F) << sh
+            if c < 0x80:
+                self.hdr_var = v
+                return q
+            sh += 7
+            if sh > max_shift:
+                return -1
+
+    def _hdr(self, b, p, end):
+        # parse a record header; 0: incomplete, -1: malformed, else its length
+        if p >= end:
+            return 0
+        q = self._varint(b, p + 1, end, 14)
+        if q <= 0:
+            return q
+        self.hdr_slot = self.hdr_var
+        q = self._varint(b, q, end, 21)
+        if q <= 0:
+            return q
+        self.hdr_type = b[p]
+        self.hdr_len = self.hdr_var
+        return q - p
+
+    def rel(self, b, p, end):
+        # the reliable channel is a byte stream of records: they may span frames
+        while p < end:
+            if end - p >= LK_RHDR_MAX and self.rec_have == 0 and self.skip == 0:
+                # The common record, parsed inline (no call per varint): a whole header here,
+                # slot < 128, length < 2**21 and allowed. Anything else takes the general path.
+                s = b[p + 1]
+                q = p + 3
+                n = b[p + 2]
+                if n >= 0x80:
+                    n = (n & 0x7F) | (b[q] << 7)
+                    q += 1
+                    if n >= 0x4000:              # the second byte has a third after it
+                        n = (n & 0x3FFF) | (b[q] << 14)
+                        q += 1
+                if s < 0x80 and n < 0x200000 and n <= self.max_message:
+                    if q + n <= end:             # whole record here: no copy
+                        self.handler.link_message(b[p], s, b, q, n, True)
+                        p = q + n
+                        continue
+                    k = end - p                  # it goes on in the next frame(s)
+                    copy_into(self.rec_buf, 0, b, p, k)
+                    self.rec_type = b[p]
+                    self.rec_slot = s
+                    self.rec_length = n
+                    self.rec_header_have = q - p
+                    self.rec_need = q - p + n
+                    self.rec_have = k
+                    return
+            if self.skip > 0:
+                k = end - p
+                if k > self.skip:
+                    k = self.skip
+                self.skip -= k
+                p += k
+                continue
+            if self.rec_have == 0:
+                h = self._hdr(b, p, end)
+                if h > 0:
+                    if self.hdr_len > self.max_message:
+                        self.counts[_LKC_PROTO] += 1
+                        self.skip = h + self.hdr_len
+                        continue
+                    if p + h + self.hdr_len <= end:   # whole record here: no copy
+                        p += h
+                        self.handler.link_message(self.hdr_type, self.hdr_slot, b, p,
+                                                  self.hdr_len, True)
+                        p += self.hdr_len
+                        continue
+                    self.rec_type = self.hdr_type
+                    self.rec_slot = self.hdr_slot
+                    self.rec_length = self.hdr_len
+                    self.rec_header_have = h
+                    self.rec_need = h + self.hdr_len
+                elif h < 0:
+                    self.counts[_LKC_PROTO] += 1
+                    return
+                else:
+                    self.rec_need = 0
+            if self.rec_need == 0:                 # header itself is split
+                self.rec_buf[self.rec_have] = b[p]
+                self.rec_have += 1
+                p += 1
+                h = self._hdr(self.rec_buf, 0, self.rec_have)
+                if h < 0 or (h == 0 and self.rec_have >= LK_RHDR_MAX):
+                    self.counts[_LKC_PROTO] += 1
+                    self.rec_have = 0
+                    return
+                if h > 0:
+                    if self.hdr_len > self.max_message:
+                        self.counts[_LKC_PROTO] += 1
+                        self.rec_have = 0
+                        self.skip = self.hdr_len
+                        continue
+                    self.rec_type = self.hdr_type
+                    self.rec_slot = self.hdr_slot
+                    self.rec_length = self.hdr_len
+                    self.rec_header_have = h
+                    self.rec_need = h + self.hdr_len
+            else:
+                k = self.rec_need - self.rec_have
+                if k > end - p:
+                    k = end - p
+                copy_into(self.rec_buf, self.rec_have, b, p, k)
+                self.rec_have += k
+                p += k
+            if self.rec_need and self.rec_have == self.rec_need:
+                self.rec_have = 0
+                self.rec_need = 0
+                self.counts[_LKC_FRAG_RX] += 1
+                self.handler.link_message(self.rec_type, self.rec_slot, self.rec_buf, self.rec_header_have, self.rec_length, True)
+
+    def be(self, b, p, end):
+        while p < end:
+            h = self._hdr(b, p, end)
+            if h <= 0 or p + h + self.hdr_len > end:
+                self.counts[_LKC_PROTO] += 1
+                return
+            p += h
+            self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, False)
+            p += self.hdr_len
+
+    def frag(self, b, p, end, seq, now):
+        if self.frag_active and seq == self.frag_seq:
+            self.counts[_LKC_DUP] += 1
+            return
+        p = self._varint(b, p, end, 21)  # a fragment is whole: incomplete is malformed too
+        if p <= 0:
+            self.counts[_LKC_PROTO] += 1
+            return
+        tot = self.hdr_var
+        p = self._varint(b, p, end, 21)
+        if p <= 0:
+            self.counts[_LKC_PROTO] += 1
+            return
+        o = self.hdr_var
+        k = end - p
+        if o == 0:
+            if self.frag_active:
+                self.counts[_LKC_FRAG_DROP] += 1
+            if tot > len(self.frag_buf):
+                self.counts[_LKC_PROTO] += 1
+                self.frag_active = False
+                return
+            self.frag_active = True
+            self.frag_total = tot
+            self.frag_have = 0
+            self.frag_started_at = now
+        elif not self.frag_active or o != self.frag_have or tot != self.frag_total or \
+                seq != ((self.frag_seq + 1) & 255):
+            if self.frag_active:
+                self.counts[_LKC_FRAG_DROP] += 1    # a fragment was lost: the message is gone
+                self.frag_active = False
+            return
+        if self.frag_have + k > self.frag_total:
+            self.counts[_LKC_PROTO] += 1
+            self.frag_active = False
+            return
+        copy_into(self.frag_buf, self.frag_have, b, p, k)
+        self.frag_have += k
+        self.frag_seq = seq
+        self.counts[_LKC_FRAG_RX] += 1
+        if self.frag_have == self.frag_total:
+            self.frag_active = False
+            self.be(self.frag_buf, 0, self.frag_total)
+
+
 class LinkSession:
     """One end of the link.  handler gets link_up(fresh), link_down() and
     link_message(type, slot, buf, off, n, reliable); buf is only valid during
@@ -2094,10 +2510,7 @@ class LinkSession:
         self.hello_why = 0  # LKW_*: why the last HELLO was refused (the port reads and clears)
         self.last_rx = 0
         self.last_tx = 0
-        self.srtt = 0
-        self.rttvar = 0
-        self.rto = _LK_RTO_INIT
-        self.line_bps = 0  # paced line rate (bytes/s; LinkOutput sets it), 0: fast or unknown
+        self.rtt = RttEstimator()
         # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
         self.tx_mv = memoryview(self.tx_buf)
@@ -2106,8 +2519,6 @@ class LinkSession:
         self.in_buf = self.in_mv = None   # ... and those in the driver's buffer through this
         self.rx_n = 0
         self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
-        # record header being parsed: type, slot, length (varints)
-        self.hdr_var = self.hdr_slot = self.hdr_type = self.hdr_len = 0
         # -- reliable class: a ring of wire records, selective repeat over a frame table of
         # `frames` entries, a power of two <= _LK_WMAX: at most that many frames in flight,
         # whatever the peer's window (offsets < 2**31 and lengths < 2**16 as arrays: half a
@@ -2132,21 +2543,12 @@ class LinkSession:
             from ubrb_hold import Hold
 
             self.hold = Hold(hold, max_frame)
-        self.rec_buf = bytearray(max_message + LK_RHDR_MAX)  # a reliable record being assembled
-        # -- best-effort class: newest wins per slot, big records go out in fragments -----------
-        self.be = bytearray(be_bytes)  # ring of (6-byte tag + record)
-        self.be_tag = bytearray(6)
-        self.be_win = [255, 0]
-        self.be_last = array("i", [-1] * (max_slots + 1))  # per slot: ring position of its
-        # newest record (-1: none)
-        # per slot: how many pending records may wait (the topic's KEEP_LAST depth, <= 255;
-        # set_depth) and how many do (live, not started)
-        self.be_depth = bytearray(b"\x01" * (max_slots + 1))
-        self.be_cnt = bytearray(max_slots + 1)
-        self.frag_buf = bytearray(max_message + LK_RHDR_MAX)  # a fragmented record reassembled
         # -- counters, by the _LKC_* indices of _LK_COUNTERS' names (small ints: increments
         # allocate nothing); counters() reports them by name
         self.stat_counts = [0] * _LKC_N
+        # -- the records in received frames, and the best-effort records waiting to be sent --------
+        self.reader = RecordReader(handler, max_message, self.stat_counts)
+        self.beq = BestEffortQueue(be_bytes, max_slots, self.stat_counts)
         # -- session identity and authentication (docs/LINK.md section 3) ------------------------
         # `used`: went UP since the stream was last discarded, so the peer may hold state of it;
         # discarding such a stream renews our epoch, so the peer can never resume it (a resumed
@@ -2186,7 +2588,7 @@ class LinkSession:
         self.fack = 0  # the highest seq the peer reported held (valid while above una)
         self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
         self.cwnd = self.ft  # frames we let be in the network (<= peer_window); 1 after an RTO
-        self.reo = 0  # ms a frame may be overtaken by later ones before it is deemed lost
+        self.rtt.reo = 0
         # a stream link (serial): frames are made smaller when the line loses them (ubrb_stream)
         self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
         self.fit_lost = 0  # REL frames deemed lost since the last fit
@@ -2199,24 +2601,16 @@ class LinkSession:
         self.nak_pending = False
         self.nak_late = False  # a NAK came while the last go-back was still on its way
         self.go_back_at = -100000
-        self.rec_have = 0
-        self.rec_need = 0
-        self.rec_header_have = 0
-        self.rec_type = self.rec_slot = self.rec_length = 0
-        self.skip = 0
-        self.frag_active = False
-        self.frag_total = self.frag_have = self.frag_seq = self.frag_started_at = 0
-        self.be_head = self.be_n = self.be_live = self.be_sent_part = 0
-        self.be_seq = 0
-        self.be_win[0] = 255  # lk_replayed's window over best-effort seqs
-        self.be_win[1] = 0
-        for i in range(len(self.be_last)):
-            self.be_last[i] = -1
-            self.be_cnt[i] = 0
+        self.reader.reset()
+        self.beq.reset()
         self.turn = 0
 
     def is_up(self):
         return self.state == LINK_UP
+
+    def set_handler(self, handler):
+        """Who gets link_up, link_down and the records (a port, made after its session)."""
+        self.handler = self.reader.handler = handler
 
     def _go_down(self):
         # the one way out of LINK_UP: the dead timer, a new peer session, a desync
@@ -2233,7 +2627,7 @@ class LinkSession:
         """Largest message send() accepts in both classes right now."""
         m = self.peer_max_message
         r = len(self.rel) - self.rel_res - LK_RHDR_MAX
-        b = len(self.be) - 6 - LK_RHDR_MAX
+        b = len(self.beq.ring) - 6 - LK_RHDR_MAX
         if r < m:
             m = r
         if b < m:
@@ -2245,7 +2639,7 @@ class LinkSession:
         255) while they wait for the line, instead of only the newest: on a busy line several of
         them share one frame (docs/LINK.md, "Best-effort")."""
         if slot < self.max_slots:
-            self.be_depth[slot] = 1 if depth < 1 else (255 if depth > 255 else depth)
+            self.beq.depth[slot] = 1 if depth < 1 else (255 if depth > 255 else depth)
 
     def rel_room(self, n):
         """True when a reliable data record of `n` payload bytes should be queued now: it fits
@@ -2265,9 +2659,9 @@ class LinkSession:
             d[k] = counts[i]
         d["is_up"] = self.state
         d["rel_queued"] = self.rel_queued
-        d["be_queued"] = self.be_n
-        d["srtt_ms"] = self.srtt
-        d["rto_ms"] = self.rto
+        d["be_queued"] = self.beq.n
+        d["srtt_ms"] = self.rtt.srtt
+        d["rto_ms"] = self.rtt.rto
         return d
 
     # ---- sending -----------------------------------------------------------
@@ -2324,83 +2718,8 @@ class LinkSession:
         if self.state != LINK_UP:
             self.stat_counts[_LKC_DROP_BE_DOWN] += 1
             return _LK_DOWN
-        be = self.be
-        cap = len(be)
-        key = slot if slot < self.max_slots else self.max_slots
-        if self.be_cnt[key] >= self.be_depth[key]:  # newest win: the oldest pending one dies
-            self._be_kill(key)
-        tot = 6 + need
-        while cap - self.be_n < tot:      # full: drop the oldest
-            if self._be_pop():
-                self.stat_counts[_LKC_DROP_BE] += 1
-        pos = self.be_head + self.be_n
-        if pos >= cap:
-            pos -= cap
-        self.be_last[key] = pos
-        self.be_cnt[key] += 1
-        tag = self.be_tag                    # live, key(2), record length(3)
-        tag[0] = 1
-        tag[1] = key & 0xFF
-        tag[2] = key >> 8
-        tag[3] = need & 0xFF
-        tag[4] = (need >> 8) & 0xFF
-        tag[5] = need >> 16
-        _lk_ring_put(be, pos, tag, 0, 6)
-        p = pos + 6
-        if p >= cap:
-            p -= cap
-        _lk_ring_put(be, p, hb, 0, h)
-        p += h
-        if p >= cap:
-            p -= cap
-        _lk_ring_put(be, p, buf, off, n)
-        self.be_n += tot
-        self.be_live += 1
+        self.beq.put(slot, hb, h, buf, off, n)
         return LK_OK
-
-    def _be_kill(self, key):
-        # the oldest pending (live, not started) record of `key` is superseded: mark it dead
-        be = self.be
-        cap = len(be)
-        pos = self.be_last[key]
-        if self.be_cnt[key] > 1:          # depth > 1: find the oldest from the head
-            h = self.be_head
-            left = self.be_n
-            while left > 0:
-                w = 6 + (be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) |
-                         (be[(h + 5) % cap] << 16))
-                if be[h] and (be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)) == key and \
-                        not (h == self.be_head and self.be_sent_part > 0):
-                    pos = h
-                    break
-                h = (h + w) % cap
-                left -= w
-        be[pos] = 0
-        self.be_live -= 1
-        self.be_cnt[key] -= 1
-        if self.be_last[key] == pos:
-            self.be_last[key] = -1
-        self.stat_counts[_LKC_DROP_BE] += 1
-
-    def _be_pop(self):
-        # drop the head record of the best-effort ring; True if it was live
-        be = self.be
-        cap = len(be)
-        h = self.be_head
-        live = be[h]
-        key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
-        w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
-        if self.be_last[key] == h:
-            self.be_last[key] = -1
-        if live:
-            self.be_live -= 1
-            if self.be_sent_part == 0:    # not started: it was counted as pending
-                self.be_cnt[key] -= 1
-        h += 6 + w
-        self.be_head = h % cap
-        self.be_n -= 6 + w
-        self.be_sent_part = 0
-        return live
 
     def _head(self, kind, seq, n_body):
         # fill sync/len/ctl/hck/seq/ack; returns total frame length
@@ -2487,10 +2806,10 @@ class LinkSession:
         w = self.cwnd if self.cwnd < pw else pw
         rel = inflight - self.sack_n - self.lost_n < w and (
             self.lost_n or (self.rel_queued > self.rel_framed and inflight < pw))
-        if rel and (self.turn == 0 or self.be_live == 0):
+        if rel and (self.turn == 0 or self.beq.live == 0):
             self.turn = 1
             return self._rel_frame(now)
-        if self.be_live > 0:
+        if self.beq.live > 0:
             self.turn = 0
             return self._be_frame(now)
         if self.ack_pending or self.nak_pending or now - self.last_tx >= _LK_HB_MS or \
@@ -2524,7 +2843,7 @@ class LinkSession:
                 # RACK's timer for the copy too (a noisy line loses it in turn): else a window
                 # stuck on it, the rest held by the peer, hears nothing new and waits for an RTO.
                 # Not for a frame cut too big for the line: the RTO cuts it again
-                t = now + self._wait()
+                t = now + self.rtt.wait()
                 if self.rack_at < 0 or t - self.rack_at < 0:
                     self.rack_at = t
         else:                                # new frame: as much as fits
@@ -2558,48 +2877,12 @@ class LinkSession:
         return self._seal(L, self.seed, now)
 
     def _be_frame(self, now):
-        be = self.be
-        cap = len(be)
-        tx = self.tx_buf
-        m = (self.frame_cap or self.peer_max_frame) - self.ovh
-        q = _LK_HDR
-        kind = _LK_BE
-        while self.be_n > 0:
-            h = self.be_head
-            w = be[(h + 3) % cap] | (be[(h + 4) % cap] << 8) | (be[(h + 5) % cap] << 16)
-            if not be[h]:
-                self._be_pop()
-                continue
-            if self.be_sent_part > 0 or w > m:
-                if q > _LK_HDR:
-                    break
-                if self.be_sent_part == 0:        # started: no longer replaceable
-                    key = be[(h + 1) % cap] | (be[(h + 2) % cap] << 8)
-                    if self.be_last[key] == h:
-                        self.be_last[key] = -1
-                    self.be_cnt[key] -= 1
-                q = _lk_putvar(tx, q, w)
-                q = _lk_putvar(tx, q, self.be_sent_part)
-                k = w - self.be_sent_part
-                if k > m - (q - _LK_HDR):
-                    k = m - (q - _LK_HDR)
-                _lk_ring_get(tx, q, be, (h + 6 + self.be_sent_part) % cap, k)
-                q += k
-                self.be_sent_part += k
-                if self.be_sent_part == w:
-                    self._be_pop()
-                kind = LK_BEFRAG
-                self.stat_counts[_LKC_FRAG_TX] += 1
-                break
-            if q + w > _LK_HDR + m:
-                break
-            _lk_ring_get(tx, q, be, (h + 6) % cap, w)
-            q += w
-            self._be_pop()
-        if q == _LK_HDR:
+        q = self.beq
+        n = q.fill(self.tx_buf, (self.frame_cap or self.peer_max_frame) - self.ovh)
+        if n == 0:
             return 0
-        L = self._head(kind, self.be_seq, q - _LK_HDR)
-        self.be_seq = (self.be_seq + 1) & 255
+        L = self._head(q.kind, q.seq, n)
+        q.seq = (q.seq + 1) & 255
         return self._seal(L, self.seed, now)
 
     # ---- time ----------------------------------------------------------------
@@ -2612,7 +2895,8 @@ class LinkSession:
         # would not bring them through). Frames deemed lost that wait for the line (a paced
         # serial line) do not time out: they have not been sent again yet.
         f = self.fit
-        if f is not None and f.probe == 2 and now - self.hello_at + LK_HELLO_MS >= self.rto:
+        rtt = self.rtt
+        if f is not None and f.probe == 2 and now - self.hello_at + LK_HELLO_MS >= rtt.rto:
             f.start_probe(self, now)  # our probe went an RTO ago, no reply: ask again
         n = (self.nxt - self.una) & 255
         if n > self.sack_n + self.lost_n:
@@ -2622,16 +2906,16 @@ class LinkSession:
             while st[i] & (_LK_FS_LOST | _LK_FS_SACK):
                 s = (s + 1) & 255
                 i = s & self.ft_mask
-            if now - self.frame_sent_at[i] >= self.rto:
+            if now - self.frame_sent_at[i] >= rtt.rto:
                 self.fit_lost += self._lose(-1)  # (all of them, most likely, or their acks)
                 self.stat_counts[_LKC_TIMEOUTS] += 1
-                if now - self.last_rx >= self.rto:  # silence: an outage, not a noisy line
-                    self.rto = min(self.rto * 2, _LK_RTO_MAX)
+                if now - self.last_rx >= rtt.rto:  # silence: an outage, not a noisy line
+                    rtt.rto = min(rtt.rto * 2, _LK_RTO_MAX)
                 self.cwnd = 1
                 if self.fit is not None:
                     self.fit.timeout(self, now)  # smaller frames, and those in flight cut again
                 return
-        if self.nak_late and now - self.go_back_at >= self._wait():
+        if self.nak_late and now - self.go_back_at >= rtt.wait():
             self.go_back_at = now
             self.nak_late = False
             self._lose(-1)
@@ -2651,7 +2935,7 @@ class LinkSession:
             f = (self.fack - self.una) & 255
             if f >= n:
                 f = 0
-        wait = self._wait()
+        wait = self.rtt.wait()
         st = self.frame_st
         t = self.frame_sent_at
         self.rack_at = -1
@@ -2665,7 +2949,7 @@ class LinkSession:
                     self.lost_n += 1
                     if now >= 0:
                         self.stat_counts[LKC_FAST_RETX] += 1
-                        self.reo -= self.reo >> 4
+                        self.rtt.reo -= self.rtt.reo >> 4
                         self.fit_lost += 1
                 elif self.rack_at < 0 or t[i] + wait - self.rack_at < 0:
                     self.rack_at = t[i] + wait
@@ -2682,9 +2966,7 @@ class LinkSession:
                 self.hello_at = now
             else:
                 self._timer(now)
-        if self.frag_active and now - self.frag_started_at >= LK_FRAG_MS:
-            self.frag_active = False
-            self.stat_counts[_LKC_FRAG_DROP] += 1
+        self.reader.expire(now)
 
     def rebase(self, d):
         """Move every stored time `d` ms back (see Gateway.rebase)."""
@@ -2699,7 +2981,7 @@ class LinkSession:
             self.rack_at -= d
         if self.bad_ack_at >= 0:
             self.bad_ack_at -= d
-        self.frag_started_at -= d
+        self.reader.frag_started_at -= d
         t = self.frame_sent_at
         for i in range(len(t)):
             t[i] -= d
@@ -2802,7 +3084,7 @@ class LinkSession:
             if d == 0:
                 self.rel_rx_expected = (seq + 1) & 255
                 self.ack_pending = True
-                self._rel_body(b, p + _LK_HDR, end)
+                self.reader.rel(b, p + _LK_HDR, end)
                 h = self.hold
                 if h is not None and h.held:
                     h.release(self, seq)
@@ -2818,19 +3100,15 @@ class LinkSession:
                 self.stat_counts[_LKC_DUP] += 1
                 self.ack_pending = True
         elif kind == _LK_BE or kind == LK_BEFRAG:
-            if self._be_dup(seq):
+            rd = self.reader
+            if rd.dup(seq):
                 self.stat_counts[_LKC_DUP] += 1
             elif kind == _LK_BE:
-                self._be_body(b, p + _LK_HDR, end)
+                rd.be(b, p + _LK_HDR, end)
             else:
-                self._be_frag(b, p + _LK_HDR, end, seq, now)
+                rd.frag(b, p + _LK_HDR, end, seq, now)
         elif kind != LK_ACK:
             self.stat_counts[_LKC_PROTO] += 1
-
-    def _be_dup(self, seq):
-        # best-effort frames are never delivered twice (UDP may duplicate them): seqs mod 256
-        d = (seq - self.be_win[0]) & 255
-        return lk_replayed(self.be_win, seq, d if d < 128 else d - 256)
 
     def _on_hello(self, b, p, n, now):
         why = LKW_VERSION if n < 18 or b[p] != _LK_VERSION else 0
@@ -2958,6 +3236,8 @@ class LinkSession:
             return
         self.bad_ack_at = -1
         st = self.frame_st
+        rtt = self.rtt
+        srtt = rtt.srtt
         sample = -1  # the newest frame acked now that was sent once: an RTT sample
         over = False  # a frame sent again was acked sooner than its second copy could have been
         if k:
@@ -2981,7 +3261,7 @@ class LinkSession:
                     self.sack_n -= 1
                 elif not f & _LK_FS_RETX:
                     sample = i
-                elif now - self.frame_sent_at[i] < self.srtt >> 1:
+                elif now - self.frame_sent_at[i] < srtt >> 1:
                     over = True
                 una = (una + 1) & 255
             self.una = a
@@ -3006,7 +3286,7 @@ class LinkSession:
                             self.lost_n -= 1
                         elif not f & _LK_FS_RETX:
                             sample = i
-                        elif now - self.frame_sent_at[i] < self.srtt >> 1:
+                        elif now - self.frame_sent_at[i] < srtt >> 1:
                             over = True
                         st[i] = (f & (_LK_FS_RETX | _LK_FS_END)) | _LK_FS_SACK
                         self.sack_n += 1
@@ -3019,12 +3299,12 @@ class LinkSession:
             # A byte stream does not reorder: there an early ack only means the first copy's
             # ack was lost, and a small frame's round trip is shorter than srtt / 2 of large ones
             # (a noisy serial line grew the allowance to the RTO: every loss waited for one)
-            r = self.reo + (self.srtt >> 2) + 1
-            self.reo = r if r < self.srtt + 50 else self.srtt + 50
+            r = rtt.reo + (srtt >> 2) + 1
+            rtt.reo = r if r < srtt + 50 else srtt + 50
         if sample >= 0:
-            self._rtt(now - self.frame_sent_at[sample])
-        elif k and self.srtt:
-            self._set_rto()  # new data through: drop the backoff (Karn's samples may be rare)
+            rtt.sample(now - self.frame_sent_at[sample], self.peer_max_frame)
+        elif k and srtt:
+            rtt.set_rto(self.peer_max_frame)  # new data through: drop the backoff (Karn's samples may be rare)
         if not inflight:
             self.rack_at = -1
         elif nak:
@@ -3034,218 +3314,6 @@ class LinkSession:
             self.nak_late = True
         elif bits:
             self._lose(now)
-
-    def _wait(self):
-        # how long a frame may be out before a later one's arrival makes it lost: a round trip
-        # and the reordering allowance, but less than the RTO (which would find every loss first)
-        r = self.srtt >> 2
-        if self.rttvar > r:
-            r = self.rttvar
-        if self.reo > r:
-            r = self.reo
-        r += self.srtt + 2
-        return r if r < self.rto else self.rto - 1
-
-    def _rtt(self, r):
-        if self.srtt == 0:
-            self.srtt = r if r > 0 else 1
-            self.rttvar = r >> 1
-        else:
-            d = self.srtt - r
-            if d < 0:
-                d = -d
-            self.rttvar = (3 * self.rttvar + d) >> 2
-            self.srtt = (7 * self.srtt + r) >> 3
-        self._set_rto()
-
-    def _set_rto(self):
-        v = self.rttvar * 4
-        if v < 20:
-            v = 20
-        r = self.srtt + v
-        lo = _LK_RTO_MIN
-        if self.line_bps:
-            # an ACK may wait behind a whole frame each way: never time out faster than that
-            lo += 2 * self.peer_max_frame * 1000 // self.line_bps
-        self.rto = lo if r < lo else (_LK_RTO_MAX if r > _LK_RTO_MAX else r)
-
-    def _varint(self, b, q, end, max_shift):
-        # LEB128 at b[q:end] into self.hdr_var; the offset after it, 0 if incomplete, -1 if too long
-        v = 0
-        sh = 0
-        while True:
-            if q >= end:
-                return 0
-            c = b[q]
-            q += 1
-            v |= (c & 0x7F) << sh
-            if c < 0x80:
-                self.hdr_var = v
-                return q
-            sh += 7
-            if sh > max_shift:
-                return -1
-
-    def _hdr(self, b, p, end):
-        # parse a record header; 0: incomplete, -1: malformed, else its length
-        if p >= end:
-            return 0
-        q = self._varint(b, p + 1, end, 14)
-        if q <= 0:
-            return q
-        self.hdr_slot = self.hdr_var
-        q = self._varint(b, q, end, 21)
-        if q <= 0:
-            return q
-        self.hdr_type = b[p]
-        self.hdr_len = self.hdr_var
-        return q - p
-
-    def _rel_body(self, b, p, end):
-        # the reliable channel is a byte stream of records: they may span frames
-        while p < end:
-            if end - p >= LK_RHDR_MAX and self.rec_have == 0 and self.skip == 0:
-                # The common record, parsed inline (no call per varint): a whole header here,
-                # slot < 128, length < 2**21 and allowed. Anything else takes the general path.
-                s = b[p + 1]
-                q = p + 3
-                n = b[p + 2]
-                if n >= 0x80:
-                    n = (n & 0x7F) | (b[q] << 7)
-                    q += 1
-                    if n >= 0x4000:              # the second byte has a third after it
-                        n = (n & 0x3FFF) | (b[q] << 14)
-                        q += 1
-                if s < 0x80 and n < 0x200000 and n <= self.max_message:
-                    if q + n <= end:             # whole record here: no copy
-                        self.handler.link_message(b[p], s, b, q, n, True)
-                        p = q + n
-                        continue
-                    k = end - p                  # it goes on in the next frame(s)
-                    copy_into(self.rec_buf, 0, b, p, k)
-                    self.rec_type = b[p]
-                    self.rec_slot = s
-                    self.rec_length = n
-                    self.rec_header_have = q - p
-                    self.rec_need = q - p + n
-                    self.rec_have = k
-                    return
-            if self.skip > 0:
-                k = end - p
-                if k > self.skip:
-                    k = self.skip
-                self.skip -= k
-                p += k
-                continue
-            if self.rec_have == 0:
-                h = self._hdr(b, p, end)
-                if h > 0:
-                    if self.hdr_len > self.max_message:
-                        self.stat_counts[_LKC_PROTO] += 1
-                        self.skip = h + self.hdr_len
-                        continue
-                    if p + h + self.hdr_len <= end:   # whole record here: no copy
-                        p += h
-                        self.handler.link_message(self.hdr_type, self.hdr_slot, b, p,
-                                                  self.hdr_len, True)
-                        p += self.hdr_len
-                        continue
-                    self.rec_type = self.hdr_type
-                    self.rec_slot = self.hdr_slot
-                    self.rec_length = self.hdr_len
-                    self.rec_header_have = h
-                    self.rec_need = h + self.hdr_len
-                elif h < 0:
-                    self.stat_counts[_LKC_PROTO] += 1
-                    return
-                else:
-                    self.rec_need = 0
-            if self.rec_need == 0:                 # header itself is split
-                self.rec_buf[self.rec_have] = b[p]
-                self.rec_have += 1
-                p += 1
-                h = self._hdr(self.rec_buf, 0, self.rec_have)
-                if h < 0 or (h == 0 and self.rec_have >= LK_RHDR_MAX):
-                    self.stat_counts[_LKC_PROTO] += 1
-                    self.rec_have = 0
-                    return
-                if h > 0:
-                    if self.hdr_len > self.max_message:
-                        self.stat_counts[_LKC_PROTO] += 1
-                        self.rec_have = 0
-                        self.skip = self.hdr_len
-                        continue
-                    self.rec_type = self.hdr_type
-                    self.rec_slot = self.hdr_slot
-                    self.rec_length = self.hdr_len
-                    self.rec_header_have = h
-                    self.rec_need = h + self.hdr_len
-            else:
-                k = self.rec_need - self.rec_have
-                if k > end - p:
-                    k = end - p
-                copy_into(self.rec_buf, self.rec_have, b, p, k)
-                self.rec_have += k
-                p += k
-            if self.rec_need and self.rec_have == self.rec_need:
-                self.rec_have = 0
-                self.rec_need = 0
-                self.stat_counts[_LKC_FRAG_RX] += 1
-                self.handler.link_message(self.rec_type, self.rec_slot, self.rec_buf, self.rec_header_have, self.rec_length, True)
-
-    def _be_body(self, b, p, end):
-        while p < end:
-            h = self._hdr(b, p, end)
-            if h <= 0 or p + h + self.hdr_len > end:
-                self.stat_counts[_LKC_PROTO] += 1
-                return
-            p += h
-            self.handler.link_message(self.hdr_type, self.hdr_slot, b, p, self.hdr_len, False)
-            p += self.hdr_len
-
-    def _be_frag(self, b, p, end, seq, now):
-        if self.frag_active and seq == self.frag_seq:
-            self.stat_counts[_LKC_DUP] += 1
-            return
-        p = self._varint(b, p, end, 21)  # a fragment is whole: incomplete is malformed too
-        if p <= 0:
-            self.stat_counts[_LKC_PROTO] += 1
-            return
-        tot = self.hdr_var
-        p = self._varint(b, p, end, 21)
-        if p <= 0:
-            self.stat_counts[_LKC_PROTO] += 1
-            return
-        o = self.hdr_var
-        k = end - p
-        if o == 0:
-            if self.frag_active:
-                self.stat_counts[_LKC_FRAG_DROP] += 1
-            if tot > len(self.frag_buf):
-                self.stat_counts[_LKC_PROTO] += 1
-                self.frag_active = False
-                return
-            self.frag_active = True
-            self.frag_total = tot
-            self.frag_have = 0
-            self.frag_started_at = now
-        elif not self.frag_active or o != self.frag_have or tot != self.frag_total or \
-                seq != ((self.frag_seq + 1) & 255):
-            if self.frag_active:
-                self.stat_counts[_LKC_FRAG_DROP] += 1    # a fragment was lost: the message is gone
-                self.frag_active = False
-            return
-        if self.frag_have + k > self.frag_total:
-            self.stat_counts[_LKC_PROTO] += 1
-            self.frag_active = False
-            return
-        copy_into(self.frag_buf, self.frag_have, b, p, k)
-        self.frag_have += k
-        self.frag_seq = seq
-        self.stat_counts[_LKC_FRAG_RX] += 1
-        if self.frag_have == self.frag_total:
-            self.frag_active = False
-            self._be_body(self.frag_buf, 0, self.frag_total)
 
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------
@@ -3328,7 +3396,7 @@ class LinkRosPort:
 
     def __init__(self, session, log=None):
         self.s = session
-        session.handler = self
+        session.set_handler(self)
         self.sink = None
         self.distro = None
         self.ros_is_up = False
@@ -3474,7 +3542,7 @@ class LinkRosPort:
         now = s.now
         if now - self.stats_at < self.stats_gap:
             return False
-        if (s.rel_queued or s.be_n) and now - self.stats_at < _LK_STATS_MAX_MS:
+        if (s.rel_queued or s.beq.n) and now - self.stats_at < _LK_STATS_MAX_MS:
             return False
         last = self._stats
         lastl = self._stats_lx
@@ -3486,7 +3554,7 @@ class LinkRosPort:
         nd = len(keys)
         lkeys = list(link) if link is not None else keys
         n = nd + (len(lkeys) if link is not None else 0)
-        cap = LK_STATS_CHUNK if s.line_bps else 0
+        cap = LK_STATS_CHUNK if s.rtt.line_bps else 0
         size = 2
         j = 0
         while j < n:
@@ -3528,7 +3596,7 @@ class LinkRosPort:
                 last[k] = ch[k]
         self.stats_at = now
         n = len(b) + LK_OVH + LK_RHDR_MAX
-        self.stats_gap = n * 1000 * _LK_STATS_SHARE // s.line_bps if s.line_bps else 0
+        self.stats_gap = n * 1000 * _LK_STATS_SHARE // s.rtt.line_bps if s.rtt.line_bps else 0
         return True
 
     def rebase(self, d):

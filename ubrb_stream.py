@@ -74,7 +74,7 @@ class Stream:
         (a noisy line, not a silent one), fit the frame size to those losses now rather than
         at the next frame: that frame is then already cut to the line, and frames in flight too
         big for it are probed for and cut again (a noisy line's first RTO, not its second)."""
-        if self.sent and s.fit_lost >= 4 and now - s.last_rx < s.rto:
+        if self.sent and s.fit_lost >= 4 and now - s.last_rx < s.rtt.rto:
             self.frames(s)
         if s.frame_cap and s.frame_len[s.una & s.ft_mask] > s.frame_cap - s.ovh:
             self.start_probe(s, now)  # then recut, when it is safe

@@ -31,7 +31,7 @@ class LinkCompanionEnd:
 
     def __init__(self, session, companion, log=None):
         self.s = session
-        session.handler = self
+        session.set_handler(self)
         self.companion = companion
         # key (slot*2 + is_sub) -> [topic, type, qos, gen, period_ms] of the live one
         self.regs = {}

@@ -148,7 +148,7 @@ def up_pair(**kw):
 
         def link_message(self, t, slot, buf, off, n, reliable):
             sink.append((t, bytes(buf[off:off + n])))
-    c.handler = H()
+    c.set_handler(H())
     p = Pair(g, c)
     p.up()
     return p, g, c, port, sink
@@ -181,7 +181,7 @@ def test_stats_send_only_changes_within_a_line_budget():
     assert U.link_record_json(sink[-1][1], 0, len(sink[-1][1])) == {"b": 5}
     assert not port.send_stats(d)             # nothing changed: nothing sent
     # a paced line: small records, spaced so that they take <= 1/200 of the line
-    g.line_bps = 11520
+    g.rtt.line_bps = 11520
     big = {}
     for i in range(40):
         big["counter_%d" % i] = i
@@ -236,7 +236,7 @@ def test_stats_carry_the_link_counters_as_link_names():
     p.run(20)
     assert len(U.link_record_json(sink[-1][1], 0, len(sink[-1][1]))) == len(lc)
     # a paced line: records of at most LK_STATS_CHUNK bytes take turns over both dicts
-    g.line_bps = 11520
+    g.rtt.line_bps = 11520
     port.link_up(True)  # a new companion: every counter again
     seen = {}
     for _ in range(40):
@@ -251,11 +251,11 @@ def test_stats_carry_the_link_counters_as_link_names():
 def test_rto_floor_covers_a_whole_frame_each_way_on_a_paced_line():
     p, g, c, port, sink = up_pair()
     U.LinkOutput(g, 11520)                    # what a port's driver does on a 115200 line
-    g._rtt(2)
-    assert g.rto >= LK_RTO_MIN + 2 * 256 * 1000 // 11520
+    g.rtt.sample(2, g.peer_max_frame)
+    assert g.rtt.rto >= LK_RTO_MIN + 2 * 256 * 1000 // 11520
     g2 = up_pair()[1]
-    g2._rtt(2)
-    assert g2.rto == LK_RTO_MIN             # unpaced (UDP): as before
+    g2.rtt.sample(2, g2.peer_max_frame)
+    assert g2.rtt.rto == LK_RTO_MIN             # unpaced (UDP): as before
 
 
 def test_ack_repeat_is_cancelled_by_any_later_frame():
@@ -316,10 +316,10 @@ def test_best_effort_keeps_the_topics_depth_newest_and_sends_them_in_one_frame()
         g.send(U.LK_T_PUB, 1, b"t%d" % i, 0, 2, False)
         g.send(U.LK_T_PUB, 2, b"u%d" % i, 0, 2, False)
     assert g.counters()["drop_be"] == 2 + 4                # superseded before they ever went out
-    seq = g.be_seq
+    seq = g.beq.seq
     p.run(5)
     assert [m for t, m in sink if t == U.LK_T_PUB] == [b"t2", b"t3", b"t4", b"u4"]
-    assert (g.be_seq - seq) & 255 == 1         # one frame for the four
+    assert (g.beq.seq - seq) & 255 == 1         # one frame for the four
 
 
 def test_an_outage_holds_reliable_publishes_pings_the_clients_and_drops_only_after_its_bound():

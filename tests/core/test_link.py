@@ -178,8 +178,8 @@ def test_best_effort_ring_overflow_drops_oldest():
     p.up()
     for slot in range(10):
         assert a.send(L.LK_T_PUB, slot, bytes(500), 0, 500, False) == L.LK_OK
-    assert a.be_n <= 2048
-    assert a.counters()["drop_be"] == 10 - a.be_live
+    assert a.beq.n <= 2048
+    assert a.counters()["drop_be"] == 10 - a.beq.live
     p.run(50)
     assert [m[1] for m in b.handler.msgs] == list(range(10 - a.counters()["drop_be"] - 0, 10))[-len(b.handler.msgs):]
 
@@ -205,7 +205,7 @@ def test_best_effort_fragmentation_and_loss():
     drop["on"] = True
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     p.run(50)
-    assert len(b.handler.msgs) == 1 and b.counters()["frag_drop"] == 1 and not b.frag_active
+    assert len(b.handler.msgs) == 1 and b.counters()["frag_drop"] == 1 and not b.reader.frag_active
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     p.run(50)
     assert len(b.handler.msgs) == 2
@@ -213,10 +213,10 @@ def test_best_effort_fragmentation_and_loss():
     a.send(L.LK_T_PUB, 2, big, 0, len(big), False)
     n = a.poll_tx(p.now)
     b.feed(bytes(a.tx_buf[:n]), 0, n, p.now)
-    assert b.frag_active
-    a.be_n = a.be_live = 0  # forget the rest at the sender
+    assert b.reader.frag_active
+    a.beq.n = a.beq.live = 0  # forget the rest at the sender
     p.run(L.LK_FRAG_MS + 100)
-    assert not b.frag_active and b.counters()["frag_drop"] == 2
+    assert not b.reader.frag_active and b.counters()["frag_drop"] == 2
 
 
 def test_datagram_loss_dup_reorder():
@@ -435,15 +435,15 @@ def test_window_bounded():
 def test_buffers_never_grow():
     a = sess(True, 1)
     b = sess(False, 2)
-    sizes = [len(x) for x in (a.tx_buf, a.rx, a.rec_buf, a.frag_buf, a.rel, a.be)]
+    sizes = [len(x) for x in (a.tx_buf, a.rx, a.reader.rec_buf, a.reader.frag_buf, a.rel, a.beq.ring)]
     p = Pair(a, b)
     p.up()
     for i in range(2000):
         a.send(L.LK_T_PUB, i % 7, bytes(100), 0, 100, i % 2 == 0)
         if i % 50 == 0:
             p.step(1, budget=1)  # a slow link
-    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.rec_buf, a.frag_buf, a.rel, a.be)]
-    assert a.rel_queued <= len(a.rel) and a.be_n <= len(a.be)
+    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.reader.rec_buf, a.reader.frag_buf, a.rel, a.beq.ring)]
+    assert a.rel_queued <= len(a.rel) and a.beq.n <= len(a.beq.ring)
     assert a.counters()["drop_rel_full"] > 0 and a.counters()["drop_be"] > 0
 
 
@@ -513,7 +513,7 @@ def test_mp_allocation_per_message():
 
     p = Pair(a, b)
     p.up()
-    b.handler = Null()
+    b.set_handler(Null())
     msg = bytearray(64)
     now = p.now
     gc.collect()

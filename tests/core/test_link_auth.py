@@ -264,7 +264,7 @@ def test_mp_keyed_allocation_per_frame():
         c = sess(False, 22, key=key)
         p = Pair(g, c)
         p.up()
-        c.handler = Count()                  # records nothing: only the link's own allocations
+        c.set_handler(Count())                  # records nothing: only the link's own allocations
         msg = bytearray(64)
         now = p.now
         f0 = g.counters()["tx_frames"] + c.counters()["tx_frames"]

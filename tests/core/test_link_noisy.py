@@ -103,14 +103,14 @@ def _allowance_after_late_acks(datagram):
     for i in range(20):
         assert a.send(L.LK_T_PUB, 1, rel_payload(i, 100), 0, 100, True) == L.LK_OK
         p.step(10)
-    assert a.srtt >= 8, a.srtt
+    assert a.rtt.srtt >= 8, a.rtt.srtt
     late["on"] = True
     for i in range(10):
         assert a.send(L.LK_T_PUB, 1, rel_payload(i, 100), 0, 100, True) == L.LK_OK
     for _ in range(100):
         p.step(10)
     assert a.counters()["retx"] and len(b.handler.msgs) == 30
-    return a.reo
+    return a.rtt.reo
 
 
 def test_a_byte_stream_keeps_no_reordering_allowance():
@@ -167,7 +167,7 @@ def test_a_line_noisy_from_the_start_delivers_its_first_message_within_a_second(
     # second RTO: the first message arrived after 1.6 s
     a = L.LinkSession(Rec(), 1, True, False, 1024, 65536, 8, 65536, 16384)
     b = L.LinkSession(Rec(), 2, False, False, 1024, 65536, 8, 65536, 16384, hold=64)
-    a.line_bps = b.line_bps = 92160
+    a.rtt.line_bps = b.rtt.line_bps = 92160
     noise = Noise(17, 125)
     noise.on = True
     line = StallingLine(a, b, 1, buf=4096, noise=noise)

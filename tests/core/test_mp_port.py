@@ -500,7 +500,7 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
         step()
     assert ("publish", 0, b"\x00\x01\x00\x00after", True) in rig.comp.ros.calls
     s = rig.ros.s
-    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.go_back_at, s.rack_at, s.frag_started_at) + tuple(s.frame_sent_at):
+    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.go_back_at, s.rack_at, s.reader.frag_started_at) + tuple(s.frame_sent_at):
         assert t < ML.REBASE_AT
     for cl in rig.gw.clients:
         assert cl.accepted_ms < ML.REBASE_AT and cl.last_rx_ms < ML.REBASE_AT
@@ -875,11 +875,11 @@ def test_link_relay_allocation_per_message():
         rig.gw.counters()
         rig.drv.counters()
         given = gc.mem_alloc() - a  # the dicts of counters (the Gateway's, the link driver's)
-        q = rig.ros.s.be_n
+        q = rig.ros.s.beq.n
         a = gc.mem_alloc()
         rig.loop._send_stats()
         stats = gc.mem_alloc() - a
-        rec = rig.ros.s.be_n - q  # the record as queued, with its 6-byte tag and header
+        rec = rig.ros.s.beq.n - q  # the record as queued, with its 6-byte tag and header
     finally:
         gc.enable()
     print("one STATS record (every stats_ms, default 1 s): %d bytes, %d of them the counters' "

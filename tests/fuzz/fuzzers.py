@@ -244,7 +244,7 @@ def link_pair(datagram: bool) -> tuple:
     kw = dict(max_message=2048, max_frame=600, rel_bytes=8192, be_bytes=4096, window=8)
     a = U.LinkSession(None, 11, True, datagram, **kw)
     b = U.LinkSession(Sink(2048), 22, False, datagram, **kw)
-    a.handler = Sink(2048)
+    a.set_handler(Sink(2048))
     return a, b
 
 
@@ -273,8 +273,9 @@ def link_corpus(a: Any, b: Any, r: random.Random, now: int) -> List[bytes]:
 
 def check_link(s: Any) -> None:
     assert 0 <= s.rel_queued <= len(s.rel), "reliable ring beyond its bounds"
-    assert 0 <= s.rec_have <= len(s.rec_buf) and s.skip >= 0
-    assert 0 <= s.frag_have <= len(s.frag_buf)
+    r = s.reader
+    assert 0 <= r.rec_have <= len(r.rec_buf) and r.skip >= 0
+    assert 0 <= r.frag_have <= len(r.frag_buf)
     assert s.datagram or 0 <= s.rx_n <= len(s.rx)
 
 

@@ -118,12 +118,12 @@ def main(argv):
     def stats_record():
         gc.collect()
         gc.disable()
-        q = ros.s.be_n
+        q = ros.s.beq.n
         a = gc.mem_alloc()
         loop._send_stats()
         n = gc.mem_alloc() - a
         gc.enable()
-        return n, ros.s.be_n - q
+        return n, ros.s.beq.n - q
 
     first, rec0 = stats_record()  # every counter: the companion has none yet
     for _ in range(50):
