@@ -16,7 +16,8 @@ _PARKED = const(1 << 29)      # cannot import on MicroPython (tests/core/test_li
 
 def parked(s):
     """How many bytes of kept records session `s` holds at rel_head (0: none)."""
-    return s.rel_framed - _PARKED if s.rel_framed >= _PARKED else 0
+    t = s.reliable
+    return t.rel_framed - _PARKED if t.rel_framed >= _PARKED else 0
 
 
 def _rec_len(ring, p):
@@ -61,15 +62,16 @@ def _keep(s):
     if not s.is_gateway:
         s._reset_stream()
         return
-    rel = s.rel
+    t = s.reliable
+    rel = t.rel
     cap = len(rel)
-    p = s.rel_head
-    acked = s.rel_framed if s.rel_framed < _PARKED else 0  # (kept once already: none acked)
-    if s.una != s.nxt:
-        acked = s.frame_off[s.una & s.ft_mask] - p
+    p = t.rel_head
+    acked = t.rel_framed if t.rel_framed < _PARKED else 0  # (kept once already: none acked)
+    if t.una != t.nxt:
+        acked = t.frame_off[t.una & t.ft_mask] - p
         if acked < 0:
             acked += cap
-    left = s.rel_queued
+    left = t.rel_queued
     while left > 0:                   # the records the old peer handed to ROS
         L = _rec_len(rel, p)
         if L > acked:
@@ -79,7 +81,7 @@ def _keep(s):
         p += L
         if p >= cap:
             p -= cap
-    s.rel_queued = left               # (the rest of the stream, from the first not handed on)
+    t.rel_queued = left               # (the rest of the stream, from the first not handed on)
     w = start = p
     n = 0
     while left > 0:
@@ -100,13 +102,13 @@ def _keep(s):
         p += L
         if p >= cap:
             p -= cap
-    s.rel_queued -= n  # what goes: _reset_stream counts it in rel_reset_bytes
+    t.rel_queued -= n  # what goes: the reset counts it in rel_reset_bytes
     s.rel_kept = getattr(s, "rel_kept", 0) + n  # (a counter the CPython driver reports)
     s._reset_stream()
-    s.rel_head = start
-    s.rel_queued = n
+    t.rel_head = start
+    t.rel_queued = n
     if n:
-        s.rel_framed = _PARKED + n
+        t.rel_framed = _PARKED + n
 
 
 def resume(port):
@@ -117,37 +119,39 @@ def resume(port):
     those are overwritten - dropped, counted in rel_reset_bytes (without its registrations the
     new companion could not use them anyway)."""
     s = port.s
-    cap = len(s.rel)
+    t = s.reliable
+    cap = len(t.rel)
     k = parked(s)
-    h = s.rel_head + k
-    s.rel_head = h - cap if h >= cap else h
-    s.rel_queued -= k  # (registrations queued while parked, if any, stay queued)
-    s.rel_framed = 0
+    h = t.rel_head + k
+    t.rel_head = h - cap if h >= cap else h
+    t.rel_queued -= k  # (registrations queued while parked, if any, stay queued)
+    t.rel_framed = 0
     if port.sink is not None:
         port.sink.ros_up(port.distro, port.max_message())
-    if s.rel_queued + k > cap:
+    if t.rel_queued + k > cap:
         s.stat_counts[_REL_RESET_BYTES] += k
         return
-    s.rel_queued += k   # the kept records back in the queue, and the registrations ahead:
-    s.rel_framed = _PARKED + k
-    unpark(s, s.rel_head - k)
+    t.rel_queued += k   # the kept records back in the queue, and the registrations ahead:
+    t.rel_framed = _PARKED + k
+    unpark(s, t.rel_head - k)
 
 
 def unpark(s, start=None):
     """The registrations for the new session are queued in session `s` behind its kept records,
     parked(s) bytes from `start` (rel_head if None; nothing was framed: nothing reliable is
     while parked): they are moved to just before them, and go first."""
-    rel = s.rel
+    t = s.reliable
+    rel = t.rel
     cap = len(rel)
     if start is None:
-        start = s.rel_head
+        start = t.rel_head
     if start < 0:
         start += cap
     k = parked(s)
     h = start + k                 # where the registrations are (behind the kept records)
     if h >= cap:
         h -= cap
-    q = s.rel_queued - k
+    q = t.rel_queued - k
     d = start - q                 # where they go
     if d < 0:
         d += cap
@@ -155,7 +159,7 @@ def unpark(s, start=None):
     while i:  # from the end: the two may overlap, the target behind the source
         i -= 1
         a = h + i
-        t = d + i
-        rel[t - cap if t >= cap else t] = rel[a - cap if a >= cap else a]
-    s.rel_head = d
-    s.rel_framed = 0
+        b = d + i
+        rel[b - cap if b >= cap else b] = rel[a - cap if a >= cap else a]
+    t.rel_head = d
+    t.rel_framed = 0

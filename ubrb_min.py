@@ -1995,7 +1995,7 @@ class LinkOutput:
         w = 0
         if self.pace and self.credit <= 0:
             w = -self.credit // self.pace + 1
-        r = self.s.rack_at
+        r = self.s.reliable.rack_at
         if r >= 0 and r - now > w:
             w = r - now
         return w
@@ -2473,6 +2473,239 @@ class RecordReader:
             self.be(self.frag_buf, 0, self.frag_total)
 
 
+class ReliableSender:
+    """The reliable class, sending: a ring of wire records (`rel`) cut into frames as the line
+    takes them, and a table of the frames in flight (selective repeat over `ft` entries, a power
+    of two <= _LK_WMAX: each frame's place in the ring, length, send time and state). Acks and
+    SACKs release them; RACK and the RTO find the lost ones; the congestion window is 1 frame
+    after an RTO and one more per frame acknowledged. Offsets < 2**31 and lengths < 2**16 are
+    arrays: half a list's heap; a board's ring holds a few frames' worth (ubrb_setup.link_sizes)."""
+
+    def __init__(self, rel_bytes, frames, datagram, rtt, counts):
+        f = 8
+        while f < frames and f < _LK_WMAX:
+            f *= 2
+        self.ft = f
+        self.ft_mask = f - 1
+        self.rel = bytearray(rel_bytes)
+        self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
+        self.rel_queued = 0
+        self.frame_off = array("i", bytes(4 * f))  # per seq & ft_mask: its body in `rel`
+        self.frame_len = array("H", bytes(2 * f))
+        self.frame_sent_at = [0] * f  # ms: a list (CPython's clock outgrows an array's int)
+        self.frame_st = bytearray(f)  # _LK_FS_* flags of each frame in flight
+        self.datagram = datagram
+        self.rtt = rtt
+        self.counts = counts
+        self.bad_ack_at = -1  # since when the peer acks what we never sent (-1: it does not)
+        self.reset()
+
+    def reset(self):
+        # a new peer incarnation: nothing of the old stream may leak into it
+        self.counts[_LKC_REL_RESET_BYTES] += self.rel_queued
+        self.una = self.nxt = 0
+        self.rel_head = self.rel_queued = self.rel_framed = 0
+        # rel_head stays at a record's start: the acknowledged head of a record a frame ended
+        # inside is released with its end (ack), so a new peer session can get it again
+        # whole (ubrb_keep)
+        self.lost_n = self.sack_n = 0  # frames in flight marked lost (to resend) / reported held
+        self.fack = 0  # the highest seq the peer reported held (valid while above una)
+        self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
+        self.cwnd = self.ft  # frames we let be in the network (<= peer_window); 1 after an RTO
+        # a stream link (serial): frames are made smaller when the line loses them (ubrb_stream)
+        self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
+        self.fit_lost = 0  # REL frames deemed lost since the last fit
+        self.nak_late = False  # a NAK came while the last go-back was still on its way
+        self.go_back_at = -100000
+
+    def rebase(self, d):
+        self.go_back_at -= d
+        if self.rack_at >= 0:
+            self.rack_at -= d
+        if self.bad_ack_at >= 0:
+            self.bad_ack_at -= d
+        t = self.frame_sent_at
+        for i in range(len(t)):
+            t[i] -= d
+
+    def take(self, now, m, ovh):
+        # the seq of the next REL frame to send: the oldest deemed lost, as it was, else a new
+        # one of at most m bytes of the ring (its place and length in frame_off / frame_len)
+        if self.lost_n:
+            s = self.una
+            while not self.frame_st[s & self.ft_mask] & _LK_FS_LOST:
+                s = (s + 1) & 255
+            i = s & self.ft_mask
+            self.frame_st[i] = (self.frame_st[i] & _LK_FS_END) | _LK_FS_RETX
+            self.lost_n -= 1
+            self.counts[_LKC_RETX] += 1
+            if not self.frame_cap or self.frame_len[i] <= self.frame_cap - ovh:
+                # RACK's timer for the copy too (a noisy line loses it in turn): else a window
+                # stuck on it, the rest held by the peer, hears nothing new and waits for an RTO.
+                # Not for a frame cut too big for the line: the RTO cuts it again
+                t = now + self.rtt.wait()
+                if self.rack_at < 0 or t - self.rack_at < 0:
+                    self.rack_at = t
+            return s
+        s = self.nxt
+        i = s & self.ft_mask
+        n = self.rel_queued - self.rel_framed
+        if n > m:
+            n = m
+        pos = self.rel_head + self.rel_framed
+        cap = len(self.rel)
+        if pos >= cap:
+            pos -= cap
+        self.frame_off[i] = pos
+        self.frame_len[i] = n
+        self.rel_framed += n
+        self.frame_st[i] = 0 if self.rel_framed < self.rel_queued else _LK_FS_END
+        self.nxt = (s + 1) & 255
+        return s
+
+    def rto_due(self, now):
+        # True: the oldest frame in the network (sent, not reported held, not waiting to be
+        # sent again) went a whole RTO ago
+        n = (self.nxt - self.una) & 255
+        if n > self.sack_n + self.lost_n:
+            s = self.una
+            st = self.frame_st
+            i = s & self.ft_mask
+            while st[i] & (_LK_FS_LOST | _LK_FS_SACK):
+                s = (s + 1) & 255
+                i = s & self.ft_mask
+            return now - self.frame_sent_at[i] >= self.rtt.rto
+        return False
+
+    def lose(self, now):
+        # Mark lost the frames in flight below the highest one the peer reported held (fack)
+        # that have been out longer than a round trip and a reordering allowance (so a frame
+        # merely overtaken is not sent twice): RACK, with seq order for "sent before". now < 0:
+        # every frame not reported held (an RTO, a go-back on NAK, a resumed session).
+        n = (self.nxt - self.una) & 255
+        f = n
+        if now >= 0:
+            f = (self.fack - self.una) & 255
+            if f >= n:
+                f = 0
+        wait = self.rtt.wait()
+        st = self.frame_st
+        t = self.frame_sent_at
+        self.rack_at = -1
+        s = self.una
+        k = self.lost_n
+        for _ in range(f):
+            i = s & self.ft_mask
+            if not st[i] & (_LK_FS_SACK | _LK_FS_LOST):
+                if now < 0 or now - t[i] >= wait:
+                    st[i] |= _LK_FS_LOST
+                    self.lost_n += 1
+                    if now >= 0:
+                        self.counts[LKC_FAST_RETX] += 1
+                        self.rtt.reo -= self.rtt.reo >> 4
+                        self.fit_lost += 1
+                elif self.rack_at < 0 or t[i] + wait - self.rack_at < 0:
+                    self.rack_at = t[i] + wait
+            s = (s + 1) & 255
+        return self.lost_n - k
+
+    def ack(self, a, nak, b, q, bits, now, max_frame):
+        # `a`: the peer's next expected seq; at b[q] `bits` bits of its SACK bitmap (0: none).
+        # False: the peer acks what we never sent, for too long (a desync: the session starts
+        # anew)
+        una = self.una
+        k = (a - una) & 255
+        inflight = (self.nxt - una) & 255
+        if k > inflight:
+            # an ack of what we never sent: a delayed frame, or the ends disagree about the stream
+            if self.bad_ack_at < 0:
+                self.bad_ack_at = now
+            elif now - self.bad_ack_at >= _LK_DESYNC_MS:
+                return False
+            return True
+        self.bad_ack_at = -1
+        st = self.frame_st
+        rtt = self.rtt
+        srtt = rtt.srtt
+        sample = -1  # the newest frame acked now that was sent once: an RTT sample
+        over = False  # a frame sent again was acked sooner than its second copy could have been
+        if k:
+            cap = len(self.rel)
+            # rel_head moves to the end of the last frame acked that ended a record (_LK_FS_END):
+            # the acknowledged head of a record a frame ended inside stays (m: bytes acked past
+            # rel_head), so that a new peer session can get it again whole (ubrb_keep)
+            m = self.frame_off[una & self.ft_mask] - self.rel_head
+            if m < 0:
+                m += cap
+            r = 0
+            while una != a:
+                i = una & self.ft_mask
+                m += self.frame_len[i]
+                f = st[i]
+                if f & _LK_FS_END:
+                    r = m
+                if f & _LK_FS_LOST:
+                    self.lost_n -= 1
+                if f & _LK_FS_SACK:
+                    self.sack_n -= 1
+                elif not f & _LK_FS_RETX:
+                    sample = i
+                elif now - self.frame_sent_at[i] < srtt >> 1:
+                    over = True
+                una = (una + 1) & 255
+            self.una = a
+            h = self.rel_head + r
+            self.rel_head = h - cap if h >= cap else h
+            self.rel_queued -= r
+            self.rel_framed -= r
+            self.nak_late = False
+            inflight -= k
+            self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
+            if self.cwnd > self.ft:
+                self.cwnd = self.ft
+        if bits:
+            top = 0
+            for d in range(1, inflight if inflight <= bits else bits + 1):  # bit d - 1: a + d
+                if b[q + ((d - 1) >> 3)] & (1 << ((d - 1) & 7)):
+                    top = d
+                    i = (a + d) & self.ft_mask
+                    f = st[i]
+                    if not f & _LK_FS_SACK:
+                        if f & _LK_FS_LOST:
+                            self.lost_n -= 1
+                        elif not f & _LK_FS_RETX:
+                            sample = i
+                        elif now - self.frame_sent_at[i] < srtt >> 1:
+                            over = True
+                        st[i] = (f & (_LK_FS_RETX | _LK_FS_END)) | _LK_FS_SACK
+                        self.sack_n += 1
+            f = (self.fack - a) & 255
+            if top and (f >= inflight or top > f):
+                self.fack = (a + top) & 255
+        if over and self.datagram:
+            # its first copy had only been overtaken: wait longer before calling a frame lost
+            # (down again, 1/16 each time one is: RACK's reordering window, adapted without DSACK).
+            # A byte stream does not reorder: there an early ack only means the first copy's
+            # ack was lost, and a small frame's round trip is shorter than srtt / 2 of large ones
+            # (a noisy serial line grew the allowance to the RTO: every loss waited for one)
+            r = rtt.reo + (srtt >> 2) + 1
+            rtt.reo = r if r < srtt + 50 else srtt + 50
+        if sample >= 0:
+            rtt.sample(now - self.frame_sent_at[sample], max_frame)
+        elif k and srtt:
+            rtt.set_rto(max_frame)  # new data through: drop the backoff (Karn's samples may be rare)
+        if not inflight:
+            self.rack_at = -1
+        elif nak:
+            # the peer dropped a frame after a gap it could not hold (a board): _timer goes
+            # back over every frame it does not hold, once per round trip (NAKs of frames sent
+            # before the last go-back are still coming: one within it waits for it to be over)
+            self.nak_late = True
+        elif bits:
+            self.lose(now)
+        return True
+
+
 class LinkSession:
     """One end of the link.  handler gets link_up(fresh), link_down() and
     link_message(type, slot, buf, off, n, reliable); buf is only valid during
@@ -2519,22 +2752,6 @@ class LinkSession:
         self.in_buf = self.in_mv = None   # ... and those in the driver's buffer through this
         self.rx_n = 0
         self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
-        # -- reliable class: a ring of wire records, selective repeat over a frame table of
-        # `frames` entries, a power of two <= _LK_WMAX: at most that many frames in flight,
-        # whatever the peer's window (offsets < 2**31 and lengths < 2**16 as arrays: half a
-        # list's heap); a board's ring holds a few frames' worth (ubrb_setup.link_sizes)
-        f = 8
-        while f < frames and f < _LK_WMAX:
-            f *= 2
-        self.ft = f
-        self.ft_mask = f - 1
-        self.rel = bytearray(rel_bytes)
-        self.rel_res = min(4096, rel_bytes // 4)  # reserved for control records
-        self.rel_queued = 0
-        self.frame_off = array("i", bytes(4 * f))  # per seq & ft_mask: its body in `rel`
-        self.frame_len = array("H", bytes(2 * f))
-        self.frame_sent_at = [0] * f  # ms: a list (CPython's clock outgrows an array's int)
-        self.frame_st = bytearray(f)  # _LK_FS_* flags of each frame in flight
         # receiving: up to `hold` frames ahead of a gap are kept and reported in SACKs
         # (ubrb_hold, imported only then); None keeps none (a board: the sender then goes back
         # over what was not kept, on our NAK)
@@ -2546,7 +2763,8 @@ class LinkSession:
         # -- counters, by the _LKC_* indices of _LK_COUNTERS' names (small ints: increments
         # allocate nothing); counters() reports them by name
         self.stat_counts = [0] * _LKC_N
-        # -- the records in received frames, and the best-effort records waiting to be sent --------
+        # -- the reliable records we send, those we receive, and the best-effort records waiting
+        self.reliable = ReliableSender(rel_bytes, frames, datagram, self.rtt, self.stat_counts)
         self.reader = RecordReader(handler, max_message, self.stat_counts)
         self.beq = BestEffortQueue(be_bytes, max_slots, self.stat_counts)
         # -- session identity and authentication (docs/LINK.md section 3) ------------------------
@@ -2555,7 +2773,6 @@ class LinkSession:
         # session on one end and a fresh one on the other would stall for good).
         self.used = False
         self.nonce = nonce  # callable -> a random int: new epochs (keyed: must be unpredictable)
-        self.bad_ack_at = -1  # since when the peer acks what we never sent (-1: it does not)
         # a keyed link: ubrb_keyed's LinkMac signs and checks every frame (imported only for a
         # link with a key: an unkeyed gateway never loads the MAC code)
         self.mac = None
@@ -2578,20 +2795,8 @@ class LinkSession:
     # ---- state ---------------------------------------------------------
     def _reset_stream(self):
         # a new peer incarnation: nothing of the old stream may leak into it
-        self.stat_counts[_LKC_REL_RESET_BYTES] += self.rel_queued
-        self.una = self.nxt = 0
-        self.rel_head = self.rel_queued = self.rel_framed = 0
-        # rel_head stays at a record's start: the acknowledged head of a record a frame ended
-        # inside is released with its end (_on_ack), so a new peer session can get it again
-        # whole (ubrb_keep)
-        self.lost_n = self.sack_n = 0  # frames in flight marked lost (to resend) / reported held
-        self.fack = 0  # the highest seq the peer reported held (valid while above una)
-        self.rack_at = -1  # when to look for lost frames again (-1: nothing to look for)
-        self.cwnd = self.ft  # frames we let be in the network (<= peer_window); 1 after an RTO
+        self.reliable.reset()
         self.rtt.reo = 0
-        # a stream link (serial): frames are made smaller when the line loses them (ubrb_stream)
-        self.frame_cap = 0  # the largest frame we send, 0: the peer's max_frame
-        self.fit_lost = 0  # REL frames deemed lost since the last fit
         self.rel_rx_expected = 0
         if self.hold is not None:
             self.hold.clear()
@@ -2599,8 +2804,6 @@ class LinkSession:
         self.sack_pending = False
         self.ack_rep = 0
         self.nak_pending = False
-        self.nak_late = False  # a NAK came while the last go-back was still on its way
-        self.go_back_at = -100000
         self.reader.reset()
         self.beq.reset()
         self.turn = 0
@@ -2617,7 +2820,7 @@ class LinkSession:
         f = self.fit
         if f is not None and f.probe:  # a probe ends with the session it probed (ubrb_stream)
             f.probe = 0
-            self.cwnd = 1
+            self.reliable.cwnd = 1
         if self.state == LINK_UP:
             self.state = _LINK_DOWN
             self.stat_counts[_LKC_DOWN] += 1
@@ -2626,7 +2829,8 @@ class LinkSession:
     def max_send(self):
         """Largest message send() accepts in both classes right now."""
         m = self.peer_max_message
-        r = len(self.rel) - self.rel_res - LK_RHDR_MAX
+        t = self.reliable
+        r = len(t.rel) - t.rel_res - LK_RHDR_MAX
         b = len(self.beq.ring) - 6 - LK_RHDR_MAX
         if r < m:
             m = r
@@ -2647,10 +2851,11 @@ class LinkSession:
         one window of frames. The link then always has its next window ready, and a burst waits
         where it came from (the client's socket, a DDS reader) instead of in the ring, where it
         would delay registrations and results by the whole ring's line time."""
-        q = self.rel_queued
-        if q + n + LK_RHDR_MAX > len(self.rel) - self.rel_res:
+        t = self.reliable
+        q = t.rel_queued
+        if q + n + LK_RHDR_MAX > len(t.rel) - t.rel_res:
             return False
-        return q - self.rel_framed < self.peer_window * self.peer_max_frame
+        return q - t.rel_framed < self.peer_window * self.peer_max_frame
 
     def counters(self):
         d = {}
@@ -2658,7 +2863,7 @@ class LinkSession:
         for i, k in enumerate(_LK_COUNTERS.split()):
             d[k] = counts[i]
         d["is_up"] = self.state
-        d["rel_queued"] = self.rel_queued
+        d["rel_queued"] = self.reliable.rel_queued
         d["be_queued"] = self.beq.n
         d["srtt_ms"] = self.rtt.srtt
         d["rto_ms"] = self.rtt.rto
@@ -2691,16 +2896,18 @@ class LinkSession:
         if n + h > self.peer_max_frame - self.ovh:
             self.stat_counts[_LKC_FRAG_TX] += 1
         if reliable:
-            cap = len(self.rel)
-            lim = cap if control else cap - self.rel_res
-            if self.rel_queued + need > lim:
+            rs = self.reliable
+            rel = rs.rel
+            cap = len(rel)
+            lim = cap if control else cap - rs.rel_res
+            if rs.rel_queued + need > lim:
                 self.stat_counts[_LKC_DROP_REL_FULL] += 1
                 return LK_FULL
-            pos = self.rel_head + self.rel_queued
+            pos = rs.rel_head + rs.rel_queued
             if pos >= cap:
                 pos -= cap
             if pos + need <= cap and h <= 4:  # the usual case, no wrap: a short header byte
-                rel = self.rel                # by byte (a copy call costs more), one copy
+                # by byte (a copy call costs more), one copy
                 rel[pos] = t
                 rel[pos + 1] = hb[1]
                 rel[pos + 2] = hb[2]
@@ -2708,12 +2915,12 @@ class LinkSession:
                     rel[pos + 3] = hb[3]
                 copy_into(rel, pos + h, buf, off, n)
             else:
-                _lk_ring_put(self.rel, pos, hb, 0, h)
+                _lk_ring_put(rel, pos, hb, 0, h)
                 pos += h
                 if pos >= cap:
                     pos -= cap
-                _lk_ring_put(self.rel, pos, buf, off, n)
-            self.rel_queued += need
+                _lk_ring_put(rel, pos, buf, off, n)
+            rs.rel_queued += need
             return LK_OK
         if self.state != LINK_UP:
             self.stat_counts[_LKC_DROP_BE_DOWN] += 1
@@ -2797,15 +3004,16 @@ class LinkSession:
         self._timer(now)
         if self.sack_pending:            # what we hold goes out before anything else
             return self._ack(now)
-        inflight = (self.nxt - self.una) & 255
+        t = self.reliable
+        inflight = (t.nxt - t.una) & 255
         pw = self.peer_window
-        if self.frame_cap:   # smaller frames: as many bytes in flight as the window's worth
-            pw = pw * self.peer_max_frame // self.frame_cap
-            if pw > self.ft:
-                pw = self.ft
-        w = self.cwnd if self.cwnd < pw else pw
-        rel = inflight - self.sack_n - self.lost_n < w and (
-            self.lost_n or (self.rel_queued > self.rel_framed and inflight < pw))
+        if t.frame_cap:   # smaller frames: as many bytes in flight as the window's worth
+            pw = pw * self.peer_max_frame // t.frame_cap
+            if pw > t.ft:
+                pw = t.ft
+        w = t.cwnd if t.cwnd < pw else pw
+        rel = inflight - t.sack_n - t.lost_n < w and (
+            t.lost_n or (t.rel_queued > t.rel_framed and inflight < pw))
         if rel and (self.turn == 0 or self.beq.live == 0):
             self.turn = 1
             return self._rel_frame(now)
@@ -2830,55 +3038,28 @@ class LinkSession:
         return self._seal(L, self.seed, now)
 
     def _rel_frame(self, now):
-        if self.lost_n:                      # the oldest frame deemed lost, as it was
-            s = self.una
-            while not self.frame_st[s & self.ft_mask] & _LK_FS_LOST:
-                s = (s + 1) & 255
-            i = s & self.ft_mask
-            self.frame_st[i] = (self.frame_st[i] & _LK_FS_END) | _LK_FS_RETX
-            self.lost_n -= 1
-            self.stat_counts[_LKC_RETX] += 1
-            n = self.frame_len[i]
-            if not self.frame_cap or n <= self.frame_cap - self.ovh:
-                # RACK's timer for the copy too (a noisy line loses it in turn): else a window
-                # stuck on it, the rest held by the peer, hears nothing new and waits for an RTO.
-                # Not for a frame cut too big for the line: the RTO cuts it again
-                t = now + self.rtt.wait()
-                if self.rack_at < 0 or t - self.rack_at < 0:
-                    self.rack_at = t
-        else:                                # new frame: as much as fits
-            s = self.nxt
-            i = s & self.ft_mask
-            n = self.rel_queued - self.rel_framed
-            m = (self.frame_cap or self.peer_max_frame) - self.ovh
-            if n > m:
-                n = m
-            pos = self.rel_head + self.rel_framed
-            cap = len(self.rel)
-            if pos >= cap:
-                pos -= cap
-            self.frame_off[i] = pos
-            self.frame_len[i] = n
-            self.rel_framed += n
-            self.frame_st[i] = 0 if self.rel_framed < self.rel_queued else _LK_FS_END
-            self.nxt = (s + 1) & 255
+        t = self.reliable
+        s = t.take(now, (t.frame_cap or self.peer_max_frame) - self.ovh, self.ovh)
         f = self.fit
         if f is not None:
             f.sent += 1
-            if f.sent >= 64 or self.fit_lost >= 4:  # enough frames, or enough lost
+            if f.sent >= 64 or t.fit_lost >= 4:  # enough frames, or enough lost
                 f.frames(self)
+        i = s & t.ft_mask
+        n = t.frame_len[i]
         L = self._head(LK_REL, s, n)
-        pos = self.frame_off[i]
-        if pos + n <= len(self.rel):         # no wrap (the usual case): one copy, no call
-            copy_into(self.tx_buf, _LK_HDR, self.rel, pos, n)
+        pos = t.frame_off[i]
+        rel = t.rel
+        if pos + n <= len(rel):         # no wrap (the usual case): one copy, no call
+            copy_into(self.tx_buf, _LK_HDR, rel, pos, n)
         else:
-            _lk_ring_get(self.tx_buf, _LK_HDR, self.rel, pos, n)
-        self.frame_sent_at[i] = now
+            _lk_ring_get(self.tx_buf, _LK_HDR, rel, pos, n)
+        t.frame_sent_at[i] = now
         return self._seal(L, self.seed, now)
 
     def _be_frame(self, now):
         q = self.beq
-        n = q.fill(self.tx_buf, (self.frame_cap or self.peer_max_frame) - self.ovh)
+        n = q.fill(self.tx_buf, (self.reliable.frame_cap or self.peer_max_frame) - self.ovh)
         if n == 0:
             return 0
         L = self._head(q.kind, q.seq, n)
@@ -2898,63 +3079,24 @@ class LinkSession:
         rtt = self.rtt
         if f is not None and f.probe == 2 and now - self.hello_at + LK_HELLO_MS >= rtt.rto:
             f.start_probe(self, now)  # our probe went an RTO ago, no reply: ask again
-        n = (self.nxt - self.una) & 255
-        if n > self.sack_n + self.lost_n:
-            s = self.una
-            st = self.frame_st
-            i = s & self.ft_mask
-            while st[i] & (_LK_FS_LOST | _LK_FS_SACK):
-                s = (s + 1) & 255
-                i = s & self.ft_mask
-            if now - self.frame_sent_at[i] >= rtt.rto:
-                self.fit_lost += self._lose(-1)  # (all of them, most likely, or their acks)
-                self.stat_counts[_LKC_TIMEOUTS] += 1
-                if now - self.last_rx >= rtt.rto:  # silence: an outage, not a noisy line
-                    rtt.rto = min(rtt.rto * 2, _LK_RTO_MAX)
-                self.cwnd = 1
-                if self.fit is not None:
-                    self.fit.timeout(self, now)  # smaller frames, and those in flight cut again
-                return
-        if self.nak_late and now - self.go_back_at >= rtt.wait():
-            self.go_back_at = now
-            self.nak_late = False
-            self._lose(-1)
-            self.fit_lost += 1  # (one frame lost: the rest were dropped behind it)
+        t = self.reliable
+        if t.rto_due(now):
+            t.fit_lost += t.lose(-1)  # (all of them, most likely, or their acks)
+            self.stat_counts[_LKC_TIMEOUTS] += 1
+            if now - self.last_rx >= rtt.rto:  # silence: an outage, not a noisy line
+                rtt.rto = min(rtt.rto * 2, _LK_RTO_MAX)
+            t.cwnd = 1
+            if f is not None:
+                f.timeout(self, now)  # smaller frames, and those in flight cut again
+            return
+        if t.nak_late and now - t.go_back_at >= rtt.wait():
+            t.go_back_at = now
+            t.nak_late = False
+            t.lose(-1)
+            t.fit_lost += 1  # (one frame lost: the rest were dropped behind it)
             self.stat_counts[LKC_FAST_RETX] += 1
-        if self.rack_at >= 0 and now - self.rack_at >= 0:
-            self._lose(now)
-
-    def _lose(self, now):
-        # Mark lost the frames in flight below the highest one the peer reported held (fack)
-        # that have been out longer than a round trip and a reordering allowance (so a frame
-        # merely overtaken is not sent twice): RACK, with seq order for "sent before". now < 0:
-        # every frame not reported held (an RTO, a go-back on NAK, a resumed session).
-        n = (self.nxt - self.una) & 255
-        f = n
-        if now >= 0:
-            f = (self.fack - self.una) & 255
-            if f >= n:
-                f = 0
-        wait = self.rtt.wait()
-        st = self.frame_st
-        t = self.frame_sent_at
-        self.rack_at = -1
-        s = self.una
-        k = self.lost_n
-        for _ in range(f):
-            i = s & self.ft_mask
-            if not st[i] & (_LK_FS_SACK | _LK_FS_LOST):
-                if now < 0 or now - t[i] >= wait:
-                    st[i] |= _LK_FS_LOST
-                    self.lost_n += 1
-                    if now >= 0:
-                        self.stat_counts[LKC_FAST_RETX] += 1
-                        self.rtt.reo -= self.rtt.reo >> 4
-                        self.fit_lost += 1
-                elif self.rack_at < 0 or t[i] + wait - self.rack_at < 0:
-                    self.rack_at = t[i] + wait
-            s = (s + 1) & 255
-        return self.lost_n - k
+        if t.rack_at >= 0 and now - t.rack_at >= 0:
+            t.lose(now)
 
     def tick(self, now):
         self.now = now
@@ -2976,15 +3118,8 @@ class LinkSession:
         self.last_tx -= d
         if self.ack_rep:  # 0 means "no repeat scheduled"
             self.ack_rep -= d
-        self.go_back_at -= d
-        if self.rack_at >= 0:
-            self.rack_at -= d
-        if self.bad_ack_at >= 0:
-            self.bad_ack_at -= d
         self.reader.frag_started_at -= d
-        t = self.frame_sent_at
-        for i in range(len(t)):
-            t[i] -= d
+        self.reliable.rebase(d)
 
     # ---- receiving -----------------------------------------------------------
     def feed(self, buf, off, n, now):
@@ -3071,9 +3206,10 @@ class LinkSession:
         a = b[p + 7]
         end = p + L - 4 - self.tag
         sack = (end - p - _LK_HDR) << 3 if kind == LK_ACK else 0  # bits of SACK bitmap
-        if a != self.una or ctl & _LK_NAK or self.bad_ack_at >= 0 or sack:  # else: nothing new
-            self._on_ack(a, ctl & _LK_NAK, b, p + _LK_HDR, sack, now)
-            if self.state != LINK_UP:     # the ack told of a desync
+        t = self.reliable
+        if a != t.una or ctl & _LK_NAK or t.bad_ack_at >= 0 or sack:  # else: nothing new
+            if not t.ack(a, ctl & _LK_NAK, b, p + _LK_HDR, sack, now, self.peer_max_frame):
+                self._desync(now)         # the ack told of a desync
                 return
         f = self.fit
         if f is not None and f.probe == 3:
@@ -3154,7 +3290,7 @@ class LinkSession:
             self.mac.peer_hello = self.mac.rx_ctr
         self.peer_max_frame = min(pf, self.max_frame)
         self.peer_max_message = pm
-        self.peer_window = max(1, min(pw, self.ft))
+        self.peer_window = max(1, min(pw, self.reliable.ft))
         if not verified:
             # the peer does not know our current epoch: tell it; an UP session stays up (a
             # stale or forged HELLO must not stop it; a real peer in doubt stops sending and
@@ -3177,8 +3313,8 @@ class LinkSession:
             self.state = LINK_UP
             self.stat_counts[_LKC_UP] += 1
             self.used = True
-            self.bad_ack_at = -1
-            self._lose(-1)             # resume: resend whatever the peer does not hold
+            self.reliable.bad_ack_at = -1
+            self.reliable.lose(-1)     # resume: resend whatever the peer does not hold
             fresh = self.fresh
             self.fresh = False
             self.handler.link_up(fresh)
@@ -3187,7 +3323,7 @@ class LinkSession:
         # throw the stream away; if the peer may hold state of it (we were UP since the last
         # discard), become a new incarnation: a new epoch, so the peer cannot resume it. The
         # gateway keeps the data records its peer may not have handed to ROS (_keep).
-        if self.rel_queued:
+        if self.reliable.rel_queued:
             from ubrb_keep import keep  # (loaded only then: a board's heap is tight)
 
             keep(self)  # resets it; a gateway keeps the PUBLISHes its peer may not have had
@@ -3221,99 +3357,6 @@ class LinkSession:
         self._rekey()
         self.fresh = True
         self.hello_at = now
-
-    def _on_ack(self, a, nak, b, q, bits, now):
-        # `a`: the peer's next expected seq; at b[q] `bits` bits of its SACK bitmap (0: none)
-        una = self.una
-        k = (a - una) & 255
-        inflight = (self.nxt - una) & 255
-        if k > inflight:
-            # an ack of what we never sent: a delayed frame, or the ends disagree about the stream
-            if self.bad_ack_at < 0:
-                self.bad_ack_at = now
-            elif now - self.bad_ack_at >= _LK_DESYNC_MS:
-                self._desync(now)
-            return
-        self.bad_ack_at = -1
-        st = self.frame_st
-        rtt = self.rtt
-        srtt = rtt.srtt
-        sample = -1  # the newest frame acked now that was sent once: an RTT sample
-        over = False  # a frame sent again was acked sooner than its second copy could have been
-        if k:
-            cap = len(self.rel)
-            # rel_head moves to the end of the last frame acked that ended a record (_LK_FS_END):
-            # the acknowledged head of a record a frame ended inside stays (m: bytes acked past
-            # rel_head), so that a new peer session can get it again whole (ubrb_keep)
-            m = self.frame_off[una & self.ft_mask] - self.rel_head
-            if m < 0:
-                m += cap
-            r = 0
-            while una != a:
-                i = una & self.ft_mask
-                m += self.frame_len[i]
-                f = st[i]
-                if f & _LK_FS_END:
-                    r = m
-                if f & _LK_FS_LOST:
-                    self.lost_n -= 1
-                if f & _LK_FS_SACK:
-                    self.sack_n -= 1
-                elif not f & _LK_FS_RETX:
-                    sample = i
-                elif now - self.frame_sent_at[i] < srtt >> 1:
-                    over = True
-                una = (una + 1) & 255
-            self.una = a
-            h = self.rel_head + r
-            self.rel_head = h - cap if h >= cap else h
-            self.rel_queued -= r
-            self.rel_framed -= r
-            self.nak_late = False
-            inflight -= k
-            self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
-            if self.cwnd > self.ft:
-                self.cwnd = self.ft
-        if bits:
-            top = 0
-            for d in range(1, inflight if inflight <= bits else bits + 1):  # bit d - 1: a + d
-                if b[q + ((d - 1) >> 3)] & (1 << ((d - 1) & 7)):
-                    top = d
-                    i = (a + d) & self.ft_mask
-                    f = st[i]
-                    if not f & _LK_FS_SACK:
-                        if f & _LK_FS_LOST:
-                            self.lost_n -= 1
-                        elif not f & _LK_FS_RETX:
-                            sample = i
-                        elif now - self.frame_sent_at[i] < srtt >> 1:
-                            over = True
-                        st[i] = (f & (_LK_FS_RETX | _LK_FS_END)) | _LK_FS_SACK
-                        self.sack_n += 1
-            f = (self.fack - a) & 255
-            if top and (f >= inflight or top > f):
-                self.fack = (a + top) & 255
-        if over and self.datagram:
-            # its first copy had only been overtaken: wait longer before calling a frame lost
-            # (down again, 1/16 each time one is: RACK's reordering window, adapted without DSACK).
-            # A byte stream does not reorder: there an early ack only means the first copy's
-            # ack was lost, and a small frame's round trip is shorter than srtt / 2 of large ones
-            # (a noisy serial line grew the allowance to the RTO: every loss waited for one)
-            r = rtt.reo + (srtt >> 2) + 1
-            rtt.reo = r if r < srtt + 50 else srtt + 50
-        if sample >= 0:
-            rtt.sample(now - self.frame_sent_at[sample], self.peer_max_frame)
-        elif k and srtt:
-            rtt.set_rto(self.peer_max_frame)  # new data through: drop the backoff (Karn's samples may be rare)
-        if not inflight:
-            self.rack_at = -1
-        elif nak:
-            # the peer dropped a frame after a gap it could not hold (a board): _timer goes
-            # back over every frame it does not hold, once per round trip (NAKs of frames sent
-            # before the last go-back are still coming: one within it waits for it to be over)
-            self.nak_late = True
-        elif bits:
-            self._lose(now)
 
 
 # ---- app layer: RosPort / GatewaySink over the link ---------------------------
@@ -3542,7 +3585,7 @@ class LinkRosPort:
         now = s.now
         if now - self.stats_at < self.stats_gap:
             return False
-        if (s.rel_queued or s.beq.n) and now - self.stats_at < _LK_STATS_MAX_MS:
+        if (s.reliable.rel_queued or s.beq.n) and now - self.stats_at < _LK_STATS_MAX_MS:
             return False
         last = self._stats
         lastl = self._stats_lx
@@ -3683,7 +3726,7 @@ class LinkRosPort:
             if t == LK_T_CHELLO:
                 self.distro = link_text(d, "distro", 64, False)
                 self.ros_is_up = True
-                if self.s.rel_framed >= _LK_PARKED:  # a new companion: the PUBLISHes kept for it
+                if self.s.reliable.rel_framed >= _LK_PARKED:  # a new companion: the PUBLISHes kept for it
                     from ubrb_keep import keep
 
                     keep(self)  # (ros_up, then they follow)

@@ -529,7 +529,7 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU, board=_MICROPYTHON):
     # board: a window of 1400-byte frames is more heap than it has, and the sender goes back
     # over the frames a board did not keep (its NAK), as the link did before SACK.
     # On a stream link (serial) the frames get smaller on a noisy line and more of them fly
-    # (LinkSession._fit_frames): keep a whole table of them.
+    # (ubrb_stream.Stream.frames): keep a whole table of them.
     hold = 0 if board else (window if datagram else LINK_HOLD_STREAM)
     # The frame table (frames in flight at most): a board's ring holds only a few frames' worth
     # on UDP (4 of 1400 bytes at the mcu profile: 8 entries); on a noisy serial line its frames

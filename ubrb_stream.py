@@ -54,9 +54,10 @@ class Stream:
         frame overhead, is highest at n = (h + sqrt(h^2 + 4h/b)) / 2: 45 bytes at a bit error
         rate of 1e-3, 129 at 1e-4, 1,230 at 1e-6. A clean line doubles the size back, up to the
         peer's max_frame."""
-        n = s.frame_cap or s.peer_max_frame
-        p = s.fit_lost / self.sent
-        self.sent = s.fit_lost = 0
+        t = s.reliable
+        n = t.frame_cap or s.peer_max_frame
+        p = t.fit_lost / self.sent
+        self.sent = t.fit_lost = 0
         b = -math.log(1.0 - (p if p < 0.95 else 0.95)) / n
         b = self.b = (self.b * 3 + b) / 4 if self.b else b
         h = s.ovh
@@ -65,8 +66,8 @@ class Stream:
             best = 2 * n
         if best < h + 24:
             best = h + 24
-        s.frame_cap = 0 if best >= s.peer_max_frame else best
-        if not s.frame_cap:
+        t.frame_cap = 0 if best >= s.peer_max_frame else best
+        if not t.frame_cap:
             self.b = 0.0
 
     def timeout(self, s, now):
@@ -74,9 +75,10 @@ class Stream:
         (a noisy line, not a silent one), fit the frame size to those losses now rather than
         at the next frame: that frame is then already cut to the line, and frames in flight too
         big for it are probed for and cut again (a noisy line's first RTO, not its second)."""
-        if self.sent and s.fit_lost >= 4 and now - s.last_rx < s.rtt.rto:
+        t = s.reliable
+        if self.sent and t.fit_lost >= 4 and now - s.last_rx < s.rtt.rto:
             self.frames(s)
-        if s.frame_cap and s.frame_len[s.una & s.ft_mask] > s.frame_cap - s.ovh:
+        if t.frame_cap and t.frame_len[t.una & t.ft_mask] > t.frame_cap - s.ovh:
             self.start_probe(s, now)  # then recut, when it is safe
 
     def start_probe(self, s, now):
@@ -95,7 +97,7 @@ class Stream:
             self.probe_at = now
         self.probe = 1
         s.hello_reply = True
-        s.cwnd = 0
+        s.reliable.cwnd = 0
 
     def recut(self, s):
         """The peer's first frame after its reply to our probe (its acks applied): cut the
@@ -103,20 +105,21 @@ class Stream:
         needs the first, and every one of them was last sent before the probe. Else nothing:
         the next RTO probes again."""
         self.probe = 0
-        s.cwnd = 1
-        if s.sack_n or s.una == s.nxt or not s.frame_cap or \
-                s.frame_len[s.una & s.ft_mask] <= s.frame_cap - s.ovh:
+        t = s.reliable
+        t.cwnd = 1
+        if t.sack_n or t.una == t.nxt or not t.frame_cap or \
+                t.frame_len[t.una & t.ft_mask] <= t.frame_cap - s.ovh:
             return
-        t = s.frame_sent_at
-        q = s.una
-        while q != s.nxt:
-            if t[q & s.ft_mask] - self.probe_at >= 0:
+        sent_at = t.frame_sent_at
+        q = t.una
+        while q != t.nxt:
+            if sent_at[q & t.ft_mask] - self.probe_at >= 0:
                 return
             q = (q + 1) & 255
-        s.nxt = s.una
+        t.nxt = t.una
         # from the oldest frame in flight, not from rel_head: the acknowledged head of a record
         # a frame ended inside is behind it (and must not go again)
-        s.rel_framed = s.frame_off[s.una & s.ft_mask] - s.rel_head
-        if s.rel_framed < 0:
-            s.rel_framed += len(s.rel)
-        s.lost_n = 0
+        t.rel_framed = t.frame_off[t.una & t.ft_mask] - t.rel_head
+        if t.rel_framed < 0:
+            t.rel_framed += len(t.rel)
+        t.lost_n = 0

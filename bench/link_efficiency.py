@@ -68,7 +68,7 @@ def stream(datagram: bool, frame: int, size: int, count: int, reliable: bool,
                 a.send(L.LK_T_PUB, 1, msg, 0, size, reliable)
                 queued += 1
         else:
-            while queued < count and (a.rel_queued if reliable else a.beq.n) < 4 * frame:
+            while queued < count and (a.reliable.rel_queued if reliable else a.beq.n) < 4 * frame:
                 # best effort: one slot per message (a slot keeps only its newest)
                 a.send(L.LK_T_PUB, queued % 200, msg, 0, size, reliable)
                 queued += 1

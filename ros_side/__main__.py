@@ -378,19 +378,19 @@ def drain_link(driver: Any, session: Any, companion: Any, end: Any, sel: Any,
     every reliable record in its ring and the reliable ROS messages waiting for link room are
     handed on, for at most `limit_s` or until a second signal. True when nothing was left."""
     def left() -> int:
-        return session.rel_queued + companion.waiting()
+        return session.reliable.rel_queued + companion.waiting()
 
     companion.stop_taking()
 
     if not left() or not session.is_up():
         if left():
             log.warning("stopping with the link down: %d bytes of reliable data for the gateway "
-                        "and %d ROS messages waiting for it dropped", session.rel_queued,
+                        "and %d ROS messages waiting for it dropped", session.reliable.rel_queued,
                         companion.waiting())
         return not left()
     log.info("stopping: %d bytes of reliable data not yet acknowledged by the gateway, %d ROS "
              "messages waiting for link room; draining for up to %g s (a second signal stops "
-             "at once)", session.rel_queued, companion.waiting(), limit_s)
+             "at once)", session.reliable.rel_queued, companion.waiting(), limit_s)
     t_end = time.monotonic() + limit_s
     while not hurry() and time.monotonic() < t_end and left() and session.is_up():
         for key, _ in sel.select(0.01):
@@ -404,7 +404,7 @@ def drain_link(driver: Any, session: Any, companion: Any, end: Any, sel: Any,
     if left():
         log.warning("stopped before the gateway acknowledged everything: %d bytes of reliable "
                     "data in the link's ring and %d ROS messages waiting for it dropped%s",
-                    session.rel_queued, companion.waiting(),
+                    session.reliable.rel_queued, companion.waiting(),
                     " (a second signal)" if hurry() else " (the link is down)"
                     if not session.is_up() else " after %g s" % limit_s)
         return False

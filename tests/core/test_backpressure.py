@@ -162,7 +162,7 @@ def test_link_room_is_one_window_of_unsent_frames():
         assert g.send(U.LK_T_PUB, 1, bytes(100), 0, 100, True) == U.LK_OK
         n += 1
     assert 2 * 256 <= n * 103 < 2 * 256 + 103    # a window (2 x 256 B frames) queued, no more
-    assert g.rel_queued < len(g.rel) // 2      # far below the ring: the rest waits upstream
+    assert g.reliable.rel_queued < len(g.reliable.rel) // 2      # far below the ring: the rest waits upstream
     p.run(500, until=lambda: port.room(100))
     assert port.room(100)
 
@@ -286,8 +286,8 @@ def test_the_loss_timer_wakes_the_loop_when_a_frame_is_due_again():
     # noisy serial line waited for the RTO on every loss while the loop slept past it)
     p, g, c, port, sink = up_pair()
     out = U.LinkOutput(g, 0)                  # unpaced (UDP)
-    assert g.rack_at < 0 and out.wait_ms(10) == 0
-    g.rack_at = 30
+    assert g.reliable.rack_at < 0 and out.wait_ms(10) == 0
+    g.reliable.rack_at = 30
     assert out.wait_ms(10) == 20 and out.wait_ms(31) == 0   # due: this turn's flush sends it
     paced = U.LinkOutput(g, 11520)
     paced.start(0)
@@ -295,12 +295,12 @@ def test_the_loss_timer_wakes_the_loop_when_a_frame_is_due_again():
     g.send(U.LK_T_PUB, 1, bytes(400), 0, 400, True)
     n = paced.next(10)
     assert n and paced.wrote(n)               # past the credit: the line is busy a while
-    g.rack_at = -1
+    g.reliable.rack_at = -1
     line = paced.wait_ms(10)
     assert line >= 10
-    g.rack_at = 12                            # due before the line is free: the line's time
+    g.reliable.rack_at = 12                            # due before the line is free: the line's time
     assert paced.wait_ms(10) == line
-    g.rack_at = 10 + line + 30                # due after it: the timer's
+    g.reliable.rack_at = 10 + line + 30                # due after it: the timer's
     assert paced.wait_ms(10) == line + 30
 
 

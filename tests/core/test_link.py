@@ -97,13 +97,13 @@ def test_reliable_buffer_bounded_control_reserve():
     n = 0
     while a.send(L.LK_T_PUB, 1, buf, 0, 1000, True) == L.LK_OK:
         n += 1
-    assert n == (8192 - a.rel_res) // 1003
+    assert n == (8192 - a.reliable.rel_res) // 1003
     assert a.counters()["drop_rel_full"] == 1
     # control records still fit in the reserve
     assert a.send(L.LK_T_ADV, 2, b"{}", 0, 2, True, True) == L.LK_OK
     p.run(500)
     assert len(b.handler.msgs) == n + 1
-    assert a.rel_queued == 0
+    assert a.reliable.rel_queued == 0
 
 
 def test_resync_after_noise_stream():
@@ -315,7 +315,7 @@ def test_restart_new_epoch_resets_stream():
     p.up()
     assert p.now - t0 < 300
     assert a.handler.downs == 1 and a.handler.ups == [True, True]  # fresh session
-    assert a.una == 0 and a.nxt == 0 and a.rel_queued == ubrb_keep.parked(a)
+    assert a.reliable.una == 0 and a.reliable.nxt == 0 and a.reliable.rel_queued == ubrb_keep.parked(a)
     # the gateway keeps the PUBLISHes the old companion never acknowledged, not the old
     # session's control records: they wait (nothing goes) until the registrations are queued
     assert a.rel_kept == 20 * 23 and a.counters()["rel_reset_bytes"] == 5
@@ -329,7 +329,7 @@ def test_restart_new_epoch_resets_stream():
     assert b2.handler.msgs == [(L.LK_T_ADV, 1, b"{}", True)] + [
         (L.LK_T_PUB, 1, rel_payload(i, 20), True) for i in range(20)] + [
         (L.LK_T_PUB, 1, b"new", True)]
-    assert a.rel_queued == 0 and not ubrb_keep.parked(a)
+    assert a.reliable.rel_queued == 0 and not ubrb_keep.parked(a)
     # gateway restarts: the companion sees a fresh session too, and keeps nothing of it
     b2.send(L.LK_T_MSG, 1, b"old", 0, 3, True)
     a2 = sess(True, 4)
@@ -429,21 +429,21 @@ def test_window_bounded():
     k = 0
     while a.poll_tx(p.now):
         k += 1
-    assert k == 3 and ((a.nxt - a.una) & 255) == 3
+    assert k == 3 and ((a.reliable.nxt - a.reliable.una) & 255) == 3
 
 
 def test_buffers_never_grow():
     a = sess(True, 1)
     b = sess(False, 2)
-    sizes = [len(x) for x in (a.tx_buf, a.rx, a.reader.rec_buf, a.reader.frag_buf, a.rel, a.beq.ring)]
+    sizes = [len(x) for x in (a.tx_buf, a.rx, a.reader.rec_buf, a.reader.frag_buf, a.reliable.rel, a.beq.ring)]
     p = Pair(a, b)
     p.up()
     for i in range(2000):
         a.send(L.LK_T_PUB, i % 7, bytes(100), 0, 100, i % 2 == 0)
         if i % 50 == 0:
             p.step(1, budget=1)  # a slow link
-    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.reader.rec_buf, a.reader.frag_buf, a.rel, a.beq.ring)]
-    assert a.rel_queued <= len(a.rel) and a.beq.n <= len(a.beq.ring)
+    assert sizes == [len(x) for x in (a.tx_buf, a.rx, a.reader.rec_buf, a.reader.frag_buf, a.reliable.rel, a.beq.ring)]
+    assert a.reliable.rel_queued <= len(a.reliable.rel) and a.beq.n <= len(a.beq.ring)
     assert a.counters()["drop_rel_full"] > 0 and a.counters()["drop_be"] > 0
 
 
@@ -486,7 +486,7 @@ def test_a_full_window_in_flight_with_loss():
             while sent < N and a.send(L.LK_T_PUB, 1, rel_payload(sent, 90), 0, 90, True) == L.LK_OK:
                 sent += 1
             line.step(1, budget=8)
-            most = max(most, (a.nxt - a.una) & 255)
+            most = max(most, (a.reliable.nxt - a.reliable.una) & 255)
             if len(b.handler.msgs) >= N:
                 break
         assert most == 64, hold

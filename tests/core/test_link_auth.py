@@ -125,12 +125,12 @@ def test_delayed_old_ack_is_not_a_desync():
     b = bytearray(12)
     b[0], b[1], b[2], b[3], b[4] = 0xA5, 0x4E, 12, 0, L.LK_ACK
     b[5] = L.lk_hck(12, 0, L.LK_ACK)
-    b[7] = (g.una - 2) & 255
+    b[7] = (g.reliable.una - 2) & 255
     struct.pack_into("<I", b, 8, L._lk_crc32(memoryview(b)[0:8], g.seed))
     g.feed(b, 0, 12, p.now)
-    assert g.bad_ack_at >= 0
+    assert g.reliable.bad_ack_at >= 0
     stream(p, g, c, 6, 300)            # a good ack clears it
-    assert g.counters()["desync"] == 0 and g.is_up() and g.bad_ack_at < 0
+    assert g.counters()["desync"] == 0 and g.is_up() and g.reliable.bad_ack_at < 0
 
 
 def test_keyed_handshake_and_trailer():
@@ -182,7 +182,7 @@ def test_forged_replayed_and_cross_session_frames_dropped():
     x.peer_max_message = 1000
     x.send(L.LK_T_PUB, 1, b"evil", 0, 4, True)
     x.rel_rx_expected = c.rel_rx_expected
-    x.una = x.nxt = x.snd = g.nxt
+    x.reliable.una = x.reliable.nxt = g.reliable.nxt
     k = x.poll_tx(p.now)
     assert L._lk_crc32(memoryview(x.tx_buf)[0:k], c.seed) == L.LK_RESIDUE
     c.feed(x.tx_buf, 0, k, p.now)

@@ -50,8 +50,8 @@ def carried(mean, n):
             assert a.send(L.LK_T_PUB, 1, rel_payload(sent, SIZE), 0, SIZE, True) == L.LK_OK
             sent += 1
         p.step(1, budget=4)
-        if a.frame_cap:
-            smallest = min(smallest, a.frame_cap)
+        if a.reliable.frame_cap:
+            smallest = min(smallest, a.reliable.frame_cap)
         if len(b.handler.msgs) >= n:
             break
     got = [m[2] for m in b.handler.msgs]

@@ -94,7 +94,7 @@ def test_the_sack_bitmap_on_the_wire():
     assert ack[8:10] == bytes([0b11, 0])
     a.feed(ack, 0, n, line.now)
     c = a.counters()
-    assert a.sack_n == 2 and c["retx"] == 0
+    assert a.reliable.sack_n == 2 and c["retx"] == 0
     b.feed(frames[1], 0, len(frames[1]), line.now)  # the gap filled: all four, in order
     assert [m[2] for m in b.handler.msgs] == [rel_payload(i, SIZE) for i in range(4)]
     assert b.hold.held == 0
@@ -126,10 +126,10 @@ def test_an_outage_loses_nothing_and_the_window_grows_back():
     c = a.counters()
     # the RTO doubled at each timeout, and each sent one frame again, not the whole window
     assert c["timeouts"] >= 4 and c["retx"] - retx == c["timeouts"], c
-    assert a.rtt.rto <= 2000 and a.cwnd == 1 and a.is_up()
+    assert a.rtt.rto <= 2000 and a.reliable.cwnd == 1 and a.is_up()
     line.down = False
     del b.handler.msgs[:]
     assert line.run(3000, until=lambda: len(b.handler.msgs) == 60)
     assert [m[2] for m in b.handler.msgs] == [rel_payload(i, SIZE) for i in range(60)]
     ms, _ = stream(line, 200)        # afterwards, the full rate again
-    assert ms <= 240 and a.cwnd >= 32, (ms, a.cwnd)
+    assert ms <= 240 and a.reliable.cwnd >= 32, (ms, a.reliable.cwnd)

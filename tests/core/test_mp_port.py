@@ -500,7 +500,7 @@ def test_a_long_uptime_keeps_every_time_a_small_int():
         step()
     assert ("publish", 0, b"\x00\x01\x00\x00after", True) in rig.comp.ros.calls
     s = rig.ros.s
-    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.go_back_at, s.rack_at, s.reader.frag_started_at) + tuple(s.frame_sent_at):
+    for t in (s.now, s.hello_at, s.last_rx, s.last_tx, s.reliable.go_back_at, s.reliable.rack_at, s.reader.frag_started_at) + tuple(s.reliable.frame_sent_at):
         assert t < ML.REBASE_AT
     for cl in rig.gw.clients:
         assert cl.accepted_ms < ML.REBASE_AT and cl.last_rx_ms < ML.REBASE_AT

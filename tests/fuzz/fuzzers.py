@@ -272,7 +272,7 @@ def link_corpus(a: Any, b: Any, r: random.Random, now: int) -> List[bytes]:
 
 
 def check_link(s: Any) -> None:
-    assert 0 <= s.rel_queued <= len(s.rel), "reliable ring beyond its bounds"
+    assert 0 <= s.reliable.rel_queued <= len(s.reliable.rel), "reliable ring beyond its bounds"
     r = s.reader
     assert 0 <= r.rec_have <= len(r.rec_buf) and r.skip >= 0
     assert 0 <= r.frag_have <= len(r.frag_buf)

@@ -112,7 +112,7 @@ def test_serial_fast_producer_bounded(rig: Any) -> None:
     )
     assert growth < 64 * 1024
     s = g.s
-    assert s.rel_queued <= len(s.rel) and s.beq.n <= len(s.beq.ring)
+    assert s.reliable.rel_queued <= len(s.reliable.rel) and s.beq.n <= len(s.beq.ring)
     assert s.counters()["drop_be"] > 0 and s.counters()["drop_rel_full"] > 0
     assert ("pub", 1, "link_congested") in g.gw.errors
     # the link kept flowing at close to the wire rate (~11.5 bytes/ms for 3 s)

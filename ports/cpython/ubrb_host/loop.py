@@ -126,7 +126,7 @@ class GatewayServer:
         """Bytes of reliable records in the link's ring (not yet acknowledged by the companion),
         plus one per client holding a PUBLISH for link room or with frames read, not handled."""
         s = getattr(self.link, "s", None)
-        n = s.rel_queued if s is not None else 0
+        n = s.reliable.rel_queued if s is not None else 0
         return n + sum(1 for ci, c in enumerate(self.gw.clients)
                        if self.socks[ci] is not None and (c.blocked or self.gw.backlog(ci)))
 
@@ -141,7 +141,7 @@ class GatewayServer:
         end = time.monotonic() + limit_s
         log.info("stopping: %d bytes of reliable data not yet acknowledged by the companion; "
                  "draining for up to %g s (a second signal stops at once)",
-                 s.rel_queued, limit_s)
+                 s.reliable.rel_queued, limit_s)
         for ci, sock in enumerate(self.socks):   # what they send from now on is not taken
             if sock is not None and self.watched[ci]:
                 self.sel.unregister(sock)
@@ -166,7 +166,7 @@ class GatewayServer:
         left = self._holding()
         if left:
             log.warning("stopped before the companion acknowledged everything: %d bytes of "
-                        "reliable data in the link's ring dropped%s", s.rel_queued,
+                        "reliable data in the link's ring dropped%s", s.reliable.rel_queued,
                         " (a second signal)" if self.hurry else " (the link is down)"
                         if not s.is_up() else " after %g s" % limit_s)
         else:
