@@ -100,6 +100,7 @@ OP_SUB_COUNT = const(9)
 OP_PING = const(10)
 OP_PONG = const(11)
 OP_ERROR = const(12)
+_REG_OPS = (OP_ADVERTISE, OP_UNADVERTISE, OP_SUBSCRIBE, OP_UNSUBSCRIBE)
 
 # Ops a client may send; anything else is treated like a malformed header ([decided] in the spec).
 CLIENT_OPS = (0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0)  # indexed by op
@@ -984,7 +985,12 @@ class Gateway:
         # can be taken now (a link's send budget); a port without it (direct mode: DDS's own
         # write blocks) never makes a client wait. Waiting clients are served in turn.
         self.ros_room = getattr(self.ros, "room", None)
-        self.n_blocked = 0  # clients holding a reliable PUBLISH that waits for room
+        # ... and ros.reg_room() whether a client's registration or release can be queued (a
+        # link: a few control records at a time, so a client churning them waits its turn
+        # instead of queueing ahead of everyone's)
+        self.ros_reg_room = getattr(self.ros, "reg_room", None)
+        self.n_blocked = 0  # clients holding a frame that waits for room (a reliable PUBLISH,
+        # a registration)
         self.rr = 0  # the next waiting client to get a turn
         self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
         # Start-up with a link expected (hold_for_ros): a reliable PUBLISH waits, held like one
@@ -1155,13 +1161,16 @@ class Gateway:
                 self._close(c, "malformed frame: " + d.error)
                 return
             if op == OP_PUBLISH:
-                if self._on_publish(c, d.buf, d.poff, d.plen):
-                    d.hold()  # stays in the decoder; the socket is not read until _resume
-                    if not c.blocked:
-                        c.blocked = True
-                        self.n_blocked += 1
-                    return
+                wait = self._on_publish(c, d.buf, d.poff, d.plen)
             else:
+                wait = op in _REG_OPS and self._reg_waits(c)
+            if wait:
+                d.hold()  # stays in the decoder; the socket is not read until _resume
+                if not c.blocked:
+                    c.blocked = True
+                    self.n_blocked += 1
+                return
+            if op != OP_PUBLISH:
                 c.rx_frames += 1
                 self.stat_counts[_GS_FRAMES_IN] += 1
                 self._on_control(c, op, d.buf, d.poff, d.plen)
@@ -1308,6 +1317,19 @@ class Gateway:
                 return
 
     # -- frames from a client ------------------------------------------------------------------
+    def _reg_waits(self, c):
+        """True when a registration or release of client c must wait for the ROS side's room
+        (ros.reg_room), or for its turn: other clients are waiting (_resume)."""
+        room = self.ros_reg_room
+        if room is None or not self.ros_ready or c.state != S_READY:
+            return False
+        if self.pass_ci == c.index:  # its turn (see _resume)
+            if not room():
+                return True
+            self.pass_ci = -1
+            return False
+        return self.n_blocked > 0 or not room()
+
     def _on_publish(self, c, buf, off, n):
         """Relay one PUBLISH (it is then counted as read), or return True when it is reliable
         and must wait for room on the ROS side (backpressure: it is not read yet): there is
@@ -1797,6 +1819,12 @@ _LK_FS_END = const(8)       # ... ends at the end of a record (it took all that 
 # first rel_framed - _LK_PARKED bytes at rel_head, and frames nothing reliable meanwhile (ubrb_keep)
 _LK_PARKED = const(1 << 29)
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
+# A client's registration or release is taken only while fewer control records than this wait in
+# the reliable ring for their ack (LinkRosPort.reg_room; counted since the ring last had none): a client churning registrations waits
+# (backpressure) instead of filling the ring, where another client's registration would wait
+# behind all of it (a 64 KiB ring is 5.7 s of a 115200 line).
+LK_CTL_MAX = const(16)
+_LK_POS_MASK = const(0x3FFFFFFF)  # positions in the whole reliable stream, mod 2**30 (small ints)
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
 LK_TAG = const(12)          # a keyed frame's trailer: counter u32 + 8 bytes of HMAC (ubrb_keyed)
@@ -2517,6 +2545,10 @@ class ReliableSender:
         self.fit_lost = 0  # REL frames deemed lost since the last fit
         self.nak_late = False  # a NAK came while the last go-back was still on its way
         self.go_back_at = -100000
+        self.acked = 0  # bytes of the stream released by acks (rel_head's position), mod 2**30
+        # control records queued since the ring last held none unacknowledged, and where the
+        # newest ends (a position in the whole stream): all are acknowledged once it is
+        self.ctl_n = self.ctl_end = 0
 
     def rebase(self, d):
         self.go_back_at -= d
@@ -2658,6 +2690,10 @@ class ReliableSender:
             self.rel_head = h - cap if h >= cap else h
             self.rel_queued -= r
             self.rel_framed -= r
+            if r:
+                p = self.acked = (self.acked + r) & _LK_POS_MASK
+                if self.ctl_n and (p - self.ctl_end) & _LK_POS_MASK < 0x20000000:
+                    self.ctl_n = 0
             self.nak_late = False
             inflight -= k
             self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
@@ -2921,6 +2957,9 @@ class LinkSession:
                     pos -= cap
                 _lk_ring_put(rel, pos, buf, off, n)
             rs.rel_queued += need
+            if control:
+                rs.ctl_n += 1
+                rs.ctl_end = (rs.acked + rs.rel_queued) & _LK_POS_MASK
             return LK_OK
         if self.state != LINK_UP:
             self.stat_counts[_LKC_DROP_BE_DOWN] += 1
@@ -3542,6 +3581,13 @@ class LinkRosPort:
 
     def max_message(self):
         return self.s.max_send()
+
+    def reg_room(self):
+        """True when a client's registration or release should be queued now: fewer than
+        LK_CTL_MAX control records were queued since the ring last held none unacknowledged.
+        Else the Gateway holds the frame, as a reliable PUBLISH waiting for room(n), and
+        clients take turns."""
+        return self.s.reliable.ctl_n < LK_CTL_MAX
 
     def room(self, n):
         """Backpressure (Gateway._on_publish): can a reliable message of n bytes go now?"""
