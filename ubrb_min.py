@@ -2176,22 +2176,36 @@ class BestEffortQueue:
             pos -= cap
         self.last[key] = pos
         self.cnt[key] += 1
-        tag = self.tag                    # live, key(2), record length(3)
-        tag[0] = 1
-        tag[1] = key & 0xFF
-        tag[2] = key >> 8
-        tag[3] = need & 0xFF
-        tag[4] = (need >> 8) & 0xFF
-        tag[5] = need >> 16
-        _lk_ring_put(be, pos, tag, 0, 6)
-        p = pos + 6
-        if p >= cap:
-            p -= cap
-        _lk_ring_put(be, p, hb, 0, h)
-        p += h
-        if p >= cap:
-            p -= cap
-        _lk_ring_put(be, p, buf, off, n)
+        if pos + tot <= cap and h <= 4:  # the usual case, no wrap: tag and header byte by byte
+            be[pos] = 1                   # (a copy call costs more), the body in one copy
+            be[pos + 1] = key & 0xFF
+            be[pos + 2] = key >> 8
+            be[pos + 3] = need & 0xFF
+            be[pos + 4] = (need >> 8) & 0xFF
+            be[pos + 5] = need >> 16
+            be[pos + 6] = hb[0]
+            be[pos + 7] = hb[1]
+            be[pos + 8] = hb[2]
+            if h == 4:
+                be[pos + 9] = hb[3]
+            copy_into(be, pos + 6 + h, buf, off, n)
+        else:
+            tag = self.tag                # live, key(2), record length(3)
+            tag[0] = 1
+            tag[1] = key & 0xFF
+            tag[2] = key >> 8
+            tag[3] = need & 0xFF
+            tag[4] = (need >> 8) & 0xFF
+            tag[5] = need >> 16
+            _lk_ring_put(be, pos, tag, 0, 6)
+            p = pos + 6
+            if p >= cap:
+                p -= cap
+            _lk_ring_put(be, p, hb, 0, h)
+            p += h
+            if p >= cap:
+                p -= cap
+            _lk_ring_put(be, p, buf, off, n)
         self.n += tot
         self.live += 1
 
@@ -2597,17 +2611,14 @@ class ReliableSender:
 
     def rto_due(self, now):
         # True: the oldest frame in the network (sent, not reported held, not waiting to be
-        # sent again) went a whole RTO ago
-        n = (self.nxt - self.una) & 255
-        if n > self.sack_n + self.lost_n:
-            s = self.una
-            st = self.frame_st
+        # sent again; there is one) went a whole RTO ago
+        s = self.una
+        st = self.frame_st
+        i = s & self.ft_mask
+        while st[i] & (_LK_FS_LOST | _LK_FS_SACK):
+            s = (s + 1) & 255
             i = s & self.ft_mask
-            while st[i] & (_LK_FS_LOST | _LK_FS_SACK):
-                s = (s + 1) & 255
-                i = s & self.ft_mask
-            return now - self.frame_sent_at[i] >= self.rtt.rto
-        return False
+        return now - self.frame_sent_at[i] >= self.rtt.rto
 
     def lose(self, now):
         # Mark lost the frames in flight below the highest one the peer reported held (fack)
@@ -3119,8 +3130,8 @@ class LinkSession:
         if f is not None and f.probe == 2 and now - self.hello_at + LK_HELLO_MS >= rtt.rto:
             f.start_probe(self, now)  # our probe went an RTO ago, no reply: ask again
         t = self.reliable
-        if t.rto_due(now):
-            t.fit_lost += t.lose(-1)  # (all of them, most likely, or their acks)
+        if (t.nxt - t.una) & 255 > t.sack_n + t.lost_n and t.rto_due(now):  # (the call only
+            t.fit_lost += t.lose(-1)           # when frames are in the network: poll_tx's path)  # (all of them, most likely, or their acks)
             self.stat_counts[_LKC_TIMEOUTS] += 1
             if now - self.last_rx >= rtt.rto:  # silence: an outage, not a noisy line
                 rtt.rto = min(rtt.rto * 2, _LK_RTO_MAX)

@@ -38,6 +38,7 @@ class IdleBackend:
     """The dds backend's shape; publish keeps nothing (the DDS write is what any writer pays)."""
 
     distro = "kilted"
+    node_name = "ros_side"  # (not a handle: the companion reads it as its node name)
 
     def publish(self, handle: Any, data: bytes) -> None:
         pass
