@@ -817,7 +817,8 @@ class ClientSession:
         self.rx_frames = 0
         self.tx_frames = 0
         self.dropped = 0
-        self.blocked = False  # holds a reliable PUBLISH the ROS side cannot take yet: not read
+        self.blocked = False  # holds a frame the ROS side cannot take yet: not read
+        self.reg_held = False  # ... and that frame is a registration or release (reg_room)
 
     def open(self, now):
         self.state = _S_OPEN
@@ -840,7 +841,7 @@ class ClientSession:
         self.counts_sent_ms = now - _SUB_COUNT_INTERVAL_MS
         self.close_reason = ""
         self.rx_frames = self.tx_frames = self.dropped = 0
-        self.blocked = False
+        self.blocked = self.reg_held = False
 
     def find_pub(self, pid):
         ids = self.pub_id
@@ -1166,6 +1167,7 @@ class Gateway:
                 wait = op in _REG_OPS and self._reg_waits(c)
             if wait:
                 d.hold()  # stays in the decoder; the socket is not read until _resume
+                c.reg_held = op != OP_PUBLISH
                 if not c.blocked:
                     c.blocked = True
                     self.n_blocked += 1
@@ -1291,30 +1293,39 @@ class Gateway:
 
     # -- backpressure ----------------------------------------------------------------------------
     def _resume(self, now):
-        """Hand the room freed on the ROS side to waiting clients, one held frame each in turn,
-        until the next in line does not fit (it keeps its turn). A client with nothing more
-        held is read again; one that meets its next reliable PUBLISH waits in line again."""
+        """Hand the room freed on the ROS side to waiting clients, one held frame each in turn.
+        Two lines: reliable PUBLISHes (room(n)) and registrations (reg_room()). The first in a
+        line whose frame does not fit stops that line and keeps its turn (a large message is not
+        starved by small ones); the other line goes on. A client with nothing more held is read
+        again; one that meets its next frame that must wait waits in line again."""
         cl = self.clients
         n = len(cl)
         idle = 0
+        data_at = -1  # the client heading the PUBLISH line, whose frame did not fit
+        reg_full = False
         while self.n_blocked and idle < n:
             ci = self.rr
             self.rr = ci + 1 if ci + 1 < n else 0
             c = cl[ci]
-            if not c.blocked:
+            if not c.blocked or (reg_full if c.reg_held else data_at >= 0):
                 idle += 1
                 continue
             idle = 0
             c.blocked = False
             self.n_blocked -= 1
             c.last_rx_ms = now  # it was waiting for us, not idle
+            reg = c.reg_held
             self.pass_ci = ci
             self.received(ci, 0, now)
             passed = self.pass_ci != ci
             self.pass_ci = -1
-            if c.blocked and not passed:  # its frame still does not fit: it stays first in line
-                self.rr = ci
-                return
+            if c.blocked and not passed:  # its frame still does not fit
+                if reg:
+                    reg_full = True
+                else:
+                    data_at = ci
+        if data_at >= 0:
+            self.rr = data_at  # it stays first in line
 
     # -- frames from a client ------------------------------------------------------------------
     def _reg_waits(self, c):
@@ -1328,7 +1339,12 @@ class Gateway:
                 return True
             self.pass_ci = -1
             return False
-        return self.n_blocked > 0 or not room()
+        if not room():
+            return True
+        for o in self.clients:  # registrations of others wait already: they go first (a line
+            if o.blocked and o.reg_held:  # of its own: reliable PUBLISHes waiting for room
+                return True                # do not hold registrations up)
+        return False
 
     def _on_publish(self, c, buf, off, n):
         """Relay one PUBLISH (it is then counted as read), or return True when it is reliable
@@ -1819,11 +1835,11 @@ _LK_FS_END = const(8)       # ... ends at the end of a record (it took all that 
 # first rel_framed - _LK_PARKED bytes at rel_head, and frames nothing reliable meanwhile (ubrb_keep)
 _LK_PARKED = const(1 << 29)
 _LK_DESYNC_MS = const(1000)  # the peer's acks outside what we sent, for this long: a desync, re-handshake
-# A client's registration or release is taken only while fewer control records than this wait in
-# the reliable ring for their ack (LinkRosPort.reg_room; counted since the ring last had none): a client churning registrations waits
+# A client's registration or release is taken only while the control records not yet acknowledged
+# come to less than this many frames (LinkRosPort.reg_room): a client churning registrations waits
 # (backpressure) instead of filling the ring, where another client's registration would wait
 # behind all of it (a 64 KiB ring is 5.7 s of a 115200 line).
-LK_CTL_MAX = const(16)
+LK_CTL_FRAMES = const(4)
 _LK_POS_MASK = const(0x3FFFFFFF)  # positions in the whole reliable stream, mod 2**30 (small ints)
 
 # keyed link (docs/LINK.md "Authentication"): a trailer before the CRC of every frame
@@ -2559,10 +2575,10 @@ class ReliableSender:
         self.fit_lost = 0  # REL frames deemed lost since the last fit
         self.nak_late = False  # a NAK came while the last go-back was still on its way
         self.go_back_at = -100000
-        self.acked = 0  # bytes of the stream released by acks (rel_head's position), mod 2**30
-        # control records queued since the ring last held none unacknowledged, and where the
-        # newest ends (a position in the whole stream): all are acknowledged once it is
-        self.ctl_n = self.ctl_end = 0
+        self.released = 0  # bytes of the stream released by acks (rel_head's position), mod 2**30
+        # bytes of the control records queued since the ring last held none unacknowledged,
+        # and where the newest ends (a position in the whole stream): all are acked once it is
+        self.ctl_bytes = self.ctl_end = 0
 
     def rebase(self, d):
         self.go_back_at -= d
@@ -2701,10 +2717,11 @@ class ReliableSender:
             self.rel_head = h - cap if h >= cap else h
             self.rel_queued -= r
             self.rel_framed -= r
+            if self.ctl_bytes and (self.released + m - self.ctl_end) & _LK_POS_MASK < 0x20000000:
+                self.ctl_bytes = 0  # acked up to the newest control record's end (m: to the last
+                # frame acked; the ring is released only to the last that ended a record)
             if r:
-                p = self.acked = (self.acked + r) & _LK_POS_MASK
-                if self.ctl_n and (p - self.ctl_end) & _LK_POS_MASK < 0x20000000:
-                    self.ctl_n = 0
+                self.released = (self.released + r) & _LK_POS_MASK
             self.nak_late = False
             inflight -= k
             self.cwnd += k  # a delivered frame lets one more in (from 1 after an RTO)
@@ -2969,8 +2986,8 @@ class LinkSession:
                 _lk_ring_put(rel, pos, buf, off, n)
             rs.rel_queued += need
             if control:
-                rs.ctl_n += 1
-                rs.ctl_end = (rs.acked + rs.rel_queued) & _LK_POS_MASK
+                rs.ctl_bytes += need
+                rs.ctl_end = (rs.released + rs.rel_queued) & _LK_POS_MASK
             return LK_OK
         if self.state != LINK_UP:
             self.stat_counts[_LKC_DROP_BE_DOWN] += 1
@@ -3594,11 +3611,12 @@ class LinkRosPort:
         return self.s.max_send()
 
     def reg_room(self):
-        """True when a client's registration or release should be queued now: fewer than
-        LK_CTL_MAX control records were queued since the ring last held none unacknowledged.
-        Else the Gateway holds the frame, as a reliable PUBLISH waiting for room(n), and
-        clients take turns."""
-        return self.s.reliable.ctl_n < LK_CTL_MAX
+        """True when a client's registration or release should be queued now: the control
+        records queued since the ring last held none unacknowledged come to less than
+        LK_CTL_FRAMES frames. Else the Gateway holds the frame, as a reliable PUBLISH waiting
+        for room(n), and clients take turns."""
+        s = self.s
+        return s.reliable.ctl_bytes < LK_CTL_FRAMES * s.peer_max_frame
 
     def room(self, n):
         """Backpressure (Gateway._on_publish): can a reliable message of n bytes go now?"""

