@@ -991,7 +991,8 @@ class Gateway:
         # instead of queueing ahead of everyone's)
         self.ros_reg_room = getattr(self.ros, "reg_room", None)
         self.n_blocked = 0  # clients holding a frame that waits for room (a reliable PUBLISH,
-        # a registration)
+        # a registration) ...
+        self.n_reg_blocked = 0  # ... of them those holding a registration: the two lines
         self.rr = 0  # the next waiting client to get a turn
         self.pass_ci = -1  # the client whose held frame may go now (one frame per turn)
         # Start-up with a link expected (hold_for_ros): a reliable PUBLISH waits, held like one
@@ -1167,10 +1168,12 @@ class Gateway:
                 wait = op in _REG_OPS and self._reg_waits(c)
             if wait:
                 d.hold()  # stays in the decoder; the socket is not read until _resume
-                c.reg_held = op != OP_PUBLISH
                 if not c.blocked:
                     c.blocked = True
                     self.n_blocked += 1
+                    c.reg_held = op != OP_PUBLISH
+                    if c.reg_held:
+                        self.n_reg_blocked += 1
                 return
             if op != OP_PUBLISH:
                 c.rx_frames += 1
@@ -1193,6 +1196,8 @@ class Gateway:
         if c.blocked:
             c.blocked = False
             self.n_blocked -= 1
+            if c.reg_held:
+                self.n_reg_blocked -= 1
         c.state = S_FREE
         # Logged once the client is gone: whoever reads "closed" finds its slot and ids free.
         # Client-supplied strings are logged as repr: a name cannot forge a log line.
@@ -1313,8 +1318,10 @@ class Gateway:
             idle = 0
             c.blocked = False
             self.n_blocked -= 1
-            c.last_rx_ms = now  # it was waiting for us, not idle
             reg = c.reg_held
+            if reg:
+                self.n_reg_blocked -= 1
+            c.last_rx_ms = now  # it was waiting for us, not idle
             self.pass_ci = ci
             self.received(ci, 0, now)
             passed = self.pass_ci != ci
@@ -1339,12 +1346,9 @@ class Gateway:
                 return True
             self.pass_ci = -1
             return False
-        if not room():
-            return True
-        for o in self.clients:  # registrations of others wait already: they go first (a line
-            if o.blocked and o.reg_held:  # of its own: reliable PUBLISHes waiting for room
-                return True                # do not hold registrations up)
-        return False
+        # others' registrations wait already: they go first (a line of its own: reliable
+        # PUBLISHes waiting for room do not hold registrations up)
+        return self.n_reg_blocked > 0 or not room()
 
     def _on_publish(self, c, buf, off, n):
         """Relay one PUBLISH (it is then counted as read), or return True when it is reliable
@@ -1366,8 +1370,9 @@ class Gateway:
                         if not room(n - 4):
                             return True
                         self.pass_ci = -1
-                    elif self.n_blocked > 0 or not room(n - 4):
-                        return True
+                    elif self.n_blocked > self.n_reg_blocked or not room(n - 4):
+                        return True   # (others' PUBLISHes wait: behind them; registrations
+                        # waiting are another line)
                 c.rx_frames += 1
                 stats = self.stat_counts
                 stats[_GS_FRAMES_IN] += 1

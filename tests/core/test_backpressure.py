@@ -352,3 +352,39 @@ def test_an_outage_holds_reliable_publishes_pings_the_clients_and_drops_only_aft
     assert not a.session.blocked and published(ros) == []
     assert a.errors() == [("link_congested", 1)]
     assert gw.counters()["dropped_no_ros"] == 1
+
+
+class RegRoomRos(RoomRos):
+    """RoomRos with a registration budget too, like a link's reg_room()."""
+
+    def __init__(self, budget):
+        RoomRos.__init__(self, budget)
+        self.reg_open = True
+
+    def reg_room(self):
+        return self.reg_open
+
+
+def test_a_client_waiting_to_register_holds_no_one_elses_publishes_nor_the_reverse():
+    ros = RegRoomRos(1000)
+    gw = U.Gateway(profile(max_clients=3), ros=ros)
+    ros.up()
+    a, b, c = Client(gw), Client(gw), Client(gw)
+    for x, name in ((a, "a"), (b, "b"), (c, "c")):
+        x.send(hello(name))
+    b.send(advertise(1, "/r", qos=QOS_R))
+    ros.take()
+    ros.reg_open = False
+    feed(a, advertise(1, "/a"))                  # a waits for room to register
+    assert a.session.blocked and ros.take() == []
+    feed(b, publish(1, b"one") + publish(1, b"two") + publish(1, b"three"))
+    assert published(ros) == [(b"one", True), (b"two", True), (b"three", True)]
+    ros.budget = 0                               # now b waits for data room ...
+    feed(b, publish(1, b"four"))
+    assert b.session.blocked
+    ros.reg_open = True                          # ... which holds no registration up: c's
+    feed(c, advertise(1, "/c"))                  # waits only behind a's, already waiting
+    assert c.session.blocked
+    gw.tick(1)
+    assert [x[2] for x in ros.take() if x[0] == "advertise"] == ["/a", "/c"]
+    assert not a.session.blocked and not c.session.blocked and b.session.blocked
