@@ -3618,10 +3618,14 @@ class LinkRosPort:
     def reg_room(self):
         """True when a client's registration or release should be queued now: the control
         records queued since the ring last held none unacknowledged come to less than
-        LK_CTL_FRAMES frames. Else the Gateway holds the frame, as a reliable PUBLISH waiting
-        for room(n), and clients take turns."""
+        LK_CTL_FRAMES frames and less than the ring's control reserve (a board's ring is a few
+        frames: past its reserve a registration could find it full and be refused). Else the
+        Gateway holds the frame, as a reliable PUBLISH waiting for room(n), and clients take
+        turns."""
         s = self.s
-        return s.reliable.ctl_bytes < LK_CTL_FRAMES * s.peer_max_frame
+        t = s.reliable
+        m = LK_CTL_FRAMES * s.peer_max_frame
+        return t.ctl_bytes < (m if m < t.rel_res else t.rel_res)
 
     def room(self, n):
         """Backpressure (Gateway._on_publish): can a reliable message of n bytes go now?"""

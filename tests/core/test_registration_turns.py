@@ -19,9 +19,13 @@ from tests.support.ubrb_frames import advertise, hello, parse_frames, subscribe
 PER_MS = 11  # bytes a millisecond: 115200 baud
 
 
-def chain(**over):
-    # the CPython gateway's serial link: 1088-byte frames, a window of 8, a 64 KiB reliable ring
-    gs = U.LinkSession(None, 101, True, False, 1088, 4096, 8, 65536, 8192, 256)
+def chain(board=False, **over):
+    # the CPython gateway's serial link: 1088-byte frames, a window of 8, a 64 KiB reliable ring;
+    # or a board's (ubrb_setup.link_sizes, mcu profile, UDP): 1400-byte frames, a 2,742-byte ring
+    if board:
+        gs = U.LinkSession(None, 101, True, False, 1400, 2048, 8, 2742, 2062, 256, frames=8)
+    else:
+        gs = U.LinkSession(None, 101, True, False, 1088, 4096, 8, 65536, 8192, 256)
     cs = U.LinkSession(None, 202, False, False, 1088, 4096, 8, 65536, 8192, 256)
     port = U.LinkRosPort(gs)
     p = {"max_clients": 3, "max_topics": 8}
@@ -156,3 +160,23 @@ def test_a_new_clients_registrations_beside_a_saturating_publisher_go_at_once():
     assert run_churn(line, gw, pub, 10000,
                      until=lambda: all(registered(gw, comp, t) for t in topics))
     assert line.now - t0 <= 1500, line.now - t0
+
+
+def test_on_a_boards_small_ring_a_churner_is_refused_nothing_and_another_client_still_registers():
+    # the board's reliable ring is 2,742 bytes: four frames of control records would be more
+    # than it holds, and the churner's own registrations were refused (link_congested); the
+    # bound is the ring's control reserve there
+    gw, gs, comp, line = chain(board=True)
+    churner = Churner(gw)
+    run_churn(line, gw, churner, 2000)
+    assert gs.reliable.ctl_bytes <= gs.reliable.rel_res + 200, gs.reliable.ctl_bytes
+    v = gw.accept(line.now)
+    d = gw.clients[v].decoder
+    frame = hello("victim") + advertise(1, "/victim")
+    U.copy_into(d.buf, d.fill, frame, 0, len(frame))
+    t0 = line.now
+    gw.received(v, len(frame), t0)
+    assert run_churn(line, gw, churner, 5000, until=lambda: registered(gw, comp, "/victim"))
+    assert line.now - t0 <= 500, line.now - t0
+    assert U.OP_ERROR not in [op for op, _ in churner.replies()]
+    assert churner.k > 50
