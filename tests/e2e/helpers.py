@@ -490,6 +490,15 @@ def matched(entity: Any) -> int:
     return int(entity.get_subscription_matched_status().current_count)
 
 
+def both_matched(client: Any, id_: int, reader: Any) -> bool:
+    """The test's DDS reader and the bridge's writer for publisher ``id_`` of ``client`` have
+    matched each other: the reader says so, and the writer's side through the SUB_COUNT the
+    client got. A volatile writer hands a reader nothing it wrote before *it* matched that
+    reader, and the reader's side can be the first to know: a loaded run lost all three samples
+    of test_unaligned_message_gets_zero_padding[serial] after the reader alone had matched."""
+    return matched(reader) >= 1 and (client.count_of(id_) or 0) >= 1
+
+
 def alive_endpoints(builtin_reader: Any, topic: str) -> set:
     """Keys of the endpoints on DDS topic ``topic`` that a DCPSPublication / DCPSSubscription
     reader sees alive (a deleted endpoint's instance is no longer alive)."""

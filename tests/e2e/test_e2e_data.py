@@ -12,6 +12,7 @@ from typing import Any, Dict
 import pytest
 
 from tests.e2e.helpers import (
+    both_matched,
     Dds,
     RawCollector,
     alive_endpoints,
@@ -68,7 +69,7 @@ def test_publish_reaches_dds_byte_identical(bridge: Any, connect: Any, dds: Dds,
     raw = RawCollector(dds.reader("rt" + topic, cls))
     c = connect(bridge)
     c.advertise(1, topic, rtype)
-    assert wait_for(lambda: matched(raw.reader) == 1, 10), "the companion's writer never matched"
+    assert wait_for(lambda: both_matched(c, 1, raw.reader), 10), "the writer never matched"
     c.publish(1, data)
     got = raw.wait(1, timeout=20)
     assert len(got) == 1, "expected one sample, got %d" % len(got)
@@ -92,7 +93,7 @@ def test_unaligned_message_gets_zero_padding(bridge: Any, connect: Any, dds: Dds
     raw = RawCollector(dds.reader("rt" + topic, I.String))
     c = connect(bridge)
     c.advertise(1, topic, "std_msgs/msg/String")
-    assert wait_for(lambda: matched(raw.reader) == 1, 10)
+    assert wait_for(lambda: both_matched(c, 1, raw.reader), 10)
     for d in datas:
         c.publish(1, d)
     got = raw.wait(3)

@@ -10,6 +10,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from tests.e2e.helpers import (
+    both_matched,
     MODES,
     Client,
     Dds,
@@ -163,7 +164,7 @@ def test_publish_too_large_for_the_companion(small: Any, connect: Any, dds: Dds)
     raw = RawCollector(dds.reader("rt" + topic, I.String, depth=100))
     c = connect(small)
     c.advertise(4, topic, S)
-    assert wait_for(lambda: matched(raw.reader) == 1, 10)
+    assert wait_for(lambda: both_matched(c, 4, raw.reader), 10)
     big = ser(string_msg("y" * 2000), S)
     assert LINK_MAX < len(big) <= GW_MAX
     burst = 1.5

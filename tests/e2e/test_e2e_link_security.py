@@ -21,6 +21,7 @@ import pytest
 
 import ubrb_min as U
 from tests.e2e.helpers import (
+    both_matched,
     Dds,
     RawCollector,
     e2e_proc,
@@ -161,7 +162,7 @@ def test_forged_hello_leaves_data_flowing(udp: Any, connect: Any, dds: Dds) -> N
     raw = RawCollector(dds.reader("rt" + topic, I.String, depth=1000))
     a = connect(udp, "pub")
     a.advertise(1, topic, S)
-    assert wait_for(lambda: matched(raw.reader) == 1, 10)
+    assert wait_for(lambda: both_matched(a, 1, raw.reader), 10)
     pub = Publisher(a, 1)
     comp = ("127.0.0.1", int(udp.comp_url.rsplit(":", 1)[1]))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.e2e.helpers import (
+    both_matched,
     Dds,
     RawCollector,
     alive_endpoints,
@@ -149,7 +150,7 @@ def test_qos_change_during_outage(linked: Any, connect: Any, dds: Dds) -> None:
     c = connect(linked)
     c.advertise(1, topic, S, QOS_R)
     raw = RawCollector(dds.reader("rt" + topic, I.String, reliable=False))
-    assert wait_for(lambda: matched(raw.reader) == 1, 10)
+    assert wait_for(lambda: both_matched(c, 1, raw.reader), 10)
 
     def change() -> None:
         c.unadvertise(1)
@@ -160,7 +161,7 @@ def test_qos_change_during_outage(linked: Any, connect: Any, dds: Dds) -> None:
     c.settle(3, topic + "_mark")  # the companion's answer to 2, if any, came before this one's
     assert c.error_codes() == [], "the new registration was refused: %s" % c.errors
     data = ser(string_msg("fits ok"), S)
-    assert wait_for(lambda: matched(raw.reader) == 1, 5)
+    assert wait_for(lambda: both_matched(c, 2, raw.reader), 5)
     c.publish(2, data)
     assert raw.wait(1) == [data]
 
