@@ -298,7 +298,7 @@ def test_keyed_link_carries_data_both_ways(mode: str, tmp_path: Any, connect: An
         a, c = connect(b, "pub"), connect(b, "sub")
         a.advertise(1, out, S, dict(QOS_R, depth=100))
         c.subscribe(2, back, S, dict(QOS_R, depth=100))
-        assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
+        assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
         for i in range(50):
             a.publish(1, ser(string_msg("seq %d" % i), S))
             w.write(I.String(data="seq %d" % i))

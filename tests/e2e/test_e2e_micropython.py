@@ -16,6 +16,7 @@ import pytest
 
 from tests.e2e.helpers import (
     Dds,
+    both_matched,
     RawCollector,
     key_file,
     matched,
@@ -48,7 +49,7 @@ def relay_both_ways(bridge: Any, connect: Any, dds: Dds, topic: str, n: int = 20
     a, b = connect(bridge, "pub"), connect(bridge, "sub")
     a.advertise(1, out, S, DEEP)
     b.subscribe(2, back, S, DEEP)
-    assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10), \
+    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10), \
         "the companion's DDS endpoints never matched"
     for i in range(n):
         a.publish(1, ser(string_msg("out %d" % i), S))
@@ -81,7 +82,7 @@ def test_companion_restart_mid_stream(mp_bridge: Any, connect: Any, dds: Dds) ->
     a, b = connect(mp_bridge, "pub"), connect(mp_bridge, "sub")
     a.advertise(1, out, S)
     b.subscribe(2, back, S)
-    assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
+    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
 
     def exchange(tag: str) -> None:
         # one message each way every 20 ms until 10 of this tag have crossed each way: after a
@@ -129,7 +130,7 @@ def _heap_after_relays(connect: Any, dds: Dds, n: int, tag: str) -> int:
         a, b = connect(bridge, "pub"), connect(bridge, "sub")
         a.advertise(1, out, S, DEEP)
         b.subscribe(2, back, S, DEEP)
-        assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
+        assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
         data = ser(string_msg("relay"), S)
         step = min(n, 50)
         for _k in range(0, n, step):            # in steps, each acknowledged by a PONG

@@ -70,7 +70,7 @@ def test_companion_killed_and_restarted_mid_stream(linked: Any, connect: Any, dd
     a, b = connect(linked, "pub"), connect(linked, "sub")
     a.advertise(1, out, S)
     b.subscribe(2, back, S)
-    assert wait_for(lambda: matched(raw.reader) == 1 and matched(w) == 1, 10)
+    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
     accepted = linked.gw.counters()["clients_accepted"]
     new_sessions = linked.link_counters()["new"]
     stream = Stream(a, 1, w)
