@@ -108,6 +108,23 @@ def test_unaligned_message_gets_zero_padding(bridge: Any, connect: Any, dds: Dds
 
 
 # -- 2. DDS -> two clients, crossing the link once ----------------------------------------------
+def state(bridge: Any, *clients: Any) -> str:
+    """What a failed fan-out test needs to be understood (one run of the suite lost some of
+    /cmd_vel for the second client only, and said nothing more): each client's messages per
+    id, and in link modes the gateway's counters, waiting clients and link state."""
+    text = " ".join("client %d: %s" % (i, {k: len(v) for k, v in c.messages.items()})
+                    for i, c in enumerate(clients))
+    gw = bridge.gw
+    if gw is not None:
+        text += "; gateway %s; waiting %s" % (gw.counters(), [
+            (s.index, s.name, s.reg_held) for s in gw.clients if s.blocked])
+        ros = getattr(bridge, "ros", None)
+        if ros is not None and hasattr(ros, "s"):
+            text += "; link %s, control bytes unacked %d" % (ros.s.counters(),
+                                                             ros.s.reliable.ctl_bytes)
+    return text
+
+
 def test_cmd_vel_reaches_two_clients_crossing_once(bridge: Any, connect: Any, dds: Dds,
                                                    dcps: Any) -> None:
     N = 20
@@ -125,8 +142,8 @@ def test_cmd_vel_reaches_two_clients_crossing_once(bridge: Any, connect: Any, dd
         msg = twist(0.1 * i, -0.01 * i)
         expect.append(ser(msg, "geometry_msgs/msg/Twist"))
         w.write(I.Twist.deserialize(expect[-1]))
-    assert a.wait(lambda: len(a.messages[3]) >= N, 10)
-    assert b.wait(lambda: len(b.messages[9]) >= N, 10)
+    assert a.wait(lambda: len(a.messages[3]) >= N, 10), state(bridge, a, b)
+    assert b.wait(lambda: len(b.messages[9]) >= N, 10), state(bridge, a, b)
     assert a.messages[3] == expect and b.messages[9] == expect      # in order, identical bytes
     assert a.error_codes() == [] and b.error_codes() == []
     if bridge.gw is not None:
