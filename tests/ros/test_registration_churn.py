@@ -51,7 +51,10 @@ def test_churn_keeps_the_companions_memory_flat(dds_backend):
     growth, measured here, was 20-90 B a pair, most when one name is made again and again; a
     hundred names in turn grew it by 2 B a pair.)"""
     sink = CountingSink()
-    c = Companion(dds_backend, sink, diagnostics_period_ms=0)
+    # no budget for registration work: under load a registration past the 10 ms budget waits,
+    # and the next round's of the same slot replaces it (coalesced: no RESULT of its own, as a
+    # loaded run's 10,999 of 11,000 showed); that is tested below, memory is measured here
+    c = Companion(dds_backend, sink, diagnostics_period_ms=0, registration_budget_ms=10 ** 6)
     now = [0]
 
     def pairs(n):
@@ -69,11 +72,7 @@ def test_churn_keeps_the_companions_memory_flat(dds_backend):
         t0 = time.monotonic()
         n = 5000
         pairs(n)
-        for _ in range(1000):  # the last rounds' registrations may wait past the 10 ms budget
-            if not c.diagnostics()["reg_waiting"]:  # (a busy machine): poll until they are done
-                break
-            now[0] += 1
-            c.poll(now[0])
+        assert c.diagnostics()["reg_waiting"] == 0
         took = time.monotonic() - t0
         grown = rss_bytes() - before
         print("churn: RSS %+d B over %d pairs of each kind in %.2f s" % (grown, n, took))
