@@ -79,6 +79,15 @@ class Churner:
         return parse_frames(data)
 
 
+def join(gw, now, frames):
+    """A new client that sends `frames` at once: its index."""
+    ci = gw.accept(now)
+    d = gw.clients[ci].decoder
+    U.copy_into(d.buf, d.fill, frames, 0, len(frames))
+    gw.received(ci, len(frames), now)
+    return ci
+
+
 def run_churn(line, gw, churner, ms, until=None):
     end = line.now + ms
     while line.now < end:
@@ -97,12 +106,8 @@ def test_a_client_churning_registrations_cannot_hold_another_clients_behind_its_
     # the churner's records in the link ring: a few, not a ring full (64 KiB: 5.7 s of this line)
     assert gs.reliable.ctl_bytes <= (U.LK_CTL_FRAMES + 1) * 1088, gs.reliable.ctl_bytes
     assert gs.reliable.rel_queued <= 8192, gs.reliable.rel_queued
-    victim = gw.accept(line.now)
-    d = gw.clients[victim].decoder
-    frame = hello("victim") + advertise(1, "/victim")
-    U.copy_into(d.buf, d.fill, frame, 0, len(frame))
     t0 = line.now
-    gw.received(victim, len(frame), t0)
+    join(gw, t0, hello("victim") + advertise(1, "/victim"))
 
     def answered():  # the registration reached the ROS side (the companion's own answer is
         # a record back on the other direction of the line, which nothing fills)
@@ -147,14 +152,11 @@ def test_a_new_clients_registrations_beside_a_saturating_publisher_go_at_once():
     pub = Publisher(gw)
     run_churn(line, gw, pub, 3000)
     assert pub.fed > 20000 and gw.clients[pub.ci].blocked  # the line is full: ~11 KB/s
-    v = gw.accept(line.now)
-    d = gw.clients[v].decoder
     frame = hello("victim")
     for i in range(24):
         frame += advertise(i + 1, "/v%d" % i)
-    U.copy_into(d.buf, d.fill, frame, 0, len(frame))
     t0 = line.now
-    gw.received(v, len(frame), t0)
+    v = join(gw, t0, frame)
     assert not gw.clients[v].blocked and gw.clients[v].rx_frames == 25
     topics = ["/v%d" % i for i in range(24)]
     assert run_churn(line, gw, pub, 10000,
@@ -170,12 +172,8 @@ def test_on_a_boards_small_ring_a_churner_is_refused_nothing_and_another_client_
     churner = Churner(gw)
     run_churn(line, gw, churner, 2000)
     assert gs.reliable.ctl_bytes <= gs.reliable.rel_res + 200, gs.reliable.ctl_bytes
-    v = gw.accept(line.now)
-    d = gw.clients[v].decoder
-    frame = hello("victim") + advertise(1, "/victim")
-    U.copy_into(d.buf, d.fill, frame, 0, len(frame))
     t0 = line.now
-    gw.received(v, len(frame), t0)
+    join(gw, t0, hello("victim") + advertise(1, "/victim"))
     assert run_churn(line, gw, churner, 5000, until=lambda: registered(gw, comp, "/victim"))
     assert line.now - t0 <= 500, line.now - t0
     assert U.OP_ERROR not in [op for op, _ in churner.replies()]
