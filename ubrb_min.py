@@ -1852,6 +1852,9 @@ LK_TAG = const(12)          # a keyed frame's trailer: counter u32 + 8 bytes of 
 _LK_HF_REPLY = const(1)     # HELLO flags: reply wanted (I am not up)
 _LK_HF_KEYED = const(2)     # the frames of this end carry the MAC trailer
 _LK_HF_CHAL = const(4)      # a challenge: "name my epoch to prove you are live" (no acceptance)
+_LK_HF_PROBE = const(8)     # a stream probe (ubrb_stream), its round in body byte 18: answer it
+_LK_HF_ANSWER = const(16)   # this HELLO answers the probe of the round in body byte 19
+_LK_HELLO_LEN = const(20)   # HELLO body; a peer of before the probe rounds sends 18 bytes
 _LK_HELLO_GAP = const(50)   # at most one HELLO per 50 ms, whatever arrives: no two ends can storm
 # why the last HELLO was refused (LinkSession.hello_why; the ports say it in words)
 LKW_VERSION = const(1)     # another protocol version
@@ -2887,8 +2890,10 @@ class LinkSession:
     def _go_down(self):
         # the one way out of LINK_UP: the dead timer, a new peer session, a desync
         f = self.fit
-        if f is not None and f.probe:  # a probe ends with the session it probed (ubrb_stream)
-            f.probe = 0
+        if f is not None:  # a probe ends with the session it probed (ubrb_stream)
+            f.answer = 0
+            if f.probe:
+                f.probe = 0
             self.reliable.cwnd = 1
         if self.state == LINK_UP:
             self.state = _LINK_DOWN
@@ -3046,16 +3051,24 @@ class LinkSession:
 
     def _hello(self, now):
         b = self.tx_buf
-        probe = self.fit is not None and self.fit.probe == 1  # (ubrb_stream: a reply wanted)
-        if probe:
-            self.fit.probe = 2
-        L = self._head(LK_HELLO, 0, 18)
+        L = self._head(LK_HELLO, 0, _LK_HELLO_LEN)
+        flags = ((_LK_HF_REPLY if self.state != LINK_UP else 0) |
+                 (_LK_HF_KEYED if self.tag else 0) | (_LK_HF_CHAL if self.chal else 0))
+        b[26] = b[27] = 0
+        f = self.fit
+        if f is not None:  # (ubrb_stream) our probe, the peer's probe answered: either or both
+            if f.probe == 1:
+                f.probe = 2
+                flags |= _LK_HF_REPLY | _LK_HF_PROBE
+                b[26] = f.round
+            if f.answer:
+                flags |= _LK_HF_ANSWER
+                b[27] = f.answer
+                f.answer = 0
         b[8] = _LK_VERSION
         b[9] = 0 if self.is_gateway else 1
         struct.pack_into("<IIHIBB", b, 10, self.epoch, self.chal or self.peer_epoch,
-                         self.max_frame, self.max_message, self.window,
-                         (_LK_HF_REPLY if self.state != LINK_UP or probe else 0) |
-                         (_LK_HF_KEYED if self.tag else 0) | (_LK_HF_CHAL if self.chal else 0))
+                         self.max_frame, self.max_message, self.window, flags)
         self.hello_reply = False
         self.chal = 0
         self.hello_at = now + LK_HELLO_MS
@@ -3238,7 +3251,7 @@ class LinkSession:
                 continue
             if self.mac is None or self.mac.check(b, p, L, kind, self.stat_counts):
                 self._frame(b, p, L, ctl)
-            elif kind == LK_HELLO and L == LK_OVH + 18:
+            elif kind == LK_HELLO and L < self.ovh + 18:
                 self.hello_why = LKW_UNKEYED  # (counted auth) an unkeyed HELLO: no trailer
             p += L
         return p
@@ -3379,8 +3392,11 @@ class LinkSession:
             self.hello_reply = True
             if f is not None and self.state == LINK_UP:
                 self.ack_pending = True  # (maybe a probe: what we hold, right after the reply)
-        if f is not None and f.probe == 2 and self.state == LINK_UP:
-            f.probe = 3               # the reply to our probe (ubrb_stream); the next frame tells
+                if flags & _LK_HF_PROBE and n >= _LK_HELLO_LEN:
+                    f.answer = b[p + 18] or 1  # our reply answers that round
+        if f is not None and f.probe == 2 and self.state == LINK_UP and (
+                n < _LK_HELLO_LEN or flags & _LK_HF_ANSWER and b[p + 19] == f.round):
+            f.probe = 3               # the answer to our probe (ubrb_stream); the next frame tells
         if self.state != LINK_UP:
             self.state = LINK_UP
             self.stat_counts[_LKC_UP] += 1

@@ -20,9 +20,11 @@ class Stream:
         self.sent = 0
         self.b = 0.0
         # 0: no probe; 1: a probe HELLO is to go (the session's next HELLO asks for a reply);
-        # 2: it went, at probe_at; 3: the peer's reply came, the next frame of the peer decides
+        # 2: it went, at probe_at; 3: the peer's answer came, the next frame of the peer decides
         self.probe = 0
         self.probe_at = 0
+        self.round = 0   # our probes' round (1 .. 255), which the peer's answer names
+        self.answer = 0  # the round of the peer's probe our next HELLO answers (0: none)
 
     def feed(self, s, buf, off, end):
         """Bytes of the stream arrived at session `s`, in any chunking: frames are parsed
@@ -88,13 +90,13 @@ class Stream:
         copies for longer than any RTO. So nothing more is sent and a HELLO asking for a reply
         goes: the line is a FIFO both ways, so the peer's reply comes after every ack it sent
         for our older frames, and the frame it sends after the reply tells what it holds once
-        all of them were in (recut). A probe already out keeps its time: a reply of any of
-        them tells of every frame sent before the first. (Up, the peer sends a HELLO only to
-        answer one that asks: a reply to one of our handshake HELLOs still on its way would be
-        taken for the probe's; that needs the line to stall and the fitting to shrink the
-        frames within the link's first round trips, and is not guarded against.)"""
+        all of them were in (recut). A probe already out keeps its time: an answer to any of
+        them tells of every frame sent before the first. Only the peer's answer to this round
+        counts: its reply to one of our handshake HELLOs, its own probe or an answer to an
+        earlier round may come late through a stalled line, sent before our frames were in."""
         if self.probe == 0:
             self.probe_at = now
+            self.round = self.round % 255 + 1
         self.probe = 1
         s.hello_reply = True
         s.reliable.cwnd = 0

@@ -158,6 +158,63 @@ def test_a_line_that_stalls_delivers_every_message_whole_and_in_order():
             _through_stalls(seed, every)
 
 
+class StallTowardsB:
+    """A line whose direction a -> b stalls while `on`: what a sends waits, in order."""
+
+    def __init__(self):
+        self.on = False
+        self.waiting = []
+
+    def __call__(self, data, d):
+        if d == 0 and self.on:
+            self.waiting.append(data)
+            return []
+        return [data]
+
+
+def test_only_the_answer_to_a_probe_lets_frames_in_flight_be_cut_again():
+    # The frames in flight are cut again only once the peer answered the probe that followed
+    # them (ubrb_stream.start_probe). A HELLO of the peer sent before our frames were in - its
+    # reply to one of our handshake HELLOs, its own probe - may arrive through a stall after our
+    # probe went. Taken for the answer, it let the frames be cut again while their old copies
+    # still waited in the line: the peer took new bytes under old seqs, the link desynced and
+    # went down, and 8 of 20 messages arrived in 20 s. Now only the answer naming our probe's
+    # round counts
+    a = L.LinkSession(Rec(), 1, True, False, 1024, 65536, 8, 65536, 16384)
+    b = L.LinkSession(Rec(), 2, False, False, 1024, 65536, 8, 65536, 16384, hold=64)
+    stall = StallTowardsB()
+    p = Pair(a, b, stall)
+    p.up()
+    stall.on = True
+    n = 20
+    sent = 0
+    while a.rel_room(SIZE):
+        assert a.send(L.LK_T_PUB, 1, rel_payload(sent, SIZE), 0, SIZE, True) == L.LK_OK
+        sent += 1
+    p.run(20)
+    # the line got noisy: the fitting wants 200-byte frames, an RTO found 1 KiB ones in flight
+    a.reliable.frame_cap = 200
+    a.fit.start_probe(a, p.now)
+    p.run(60)
+    assert a.fit.probe == 2            # the probe went (and waits in the stalled direction)
+    b.hello_reply = True               # b answers an older HELLO of a's: it reaches a at once
+    p.run(1200)
+    assert a.fit.probe == 2 and a.reliable.nxt != a.reliable.una  # not taken for the answer
+    stall.on = False
+    for c in stall.waiting:            # the stall ends: the old copies and the probe arrive
+        b.feed(c, 0, len(c), p.now)
+    for _ in range(20000):
+        while sent < n and a.rel_room(SIZE):
+            assert a.send(L.LK_T_PUB, 1, rel_payload(sent, SIZE), 0, SIZE, True) == L.LK_OK
+            sent += 1
+        p.step(1)
+        if len(b.handler.msgs) >= n:
+            break
+    assert [m[2] for m in b.handler.msgs] == [rel_payload(i, SIZE) for i in range(n)]
+    assert a.counters()["desync"] == 0 and a.counters()["down"] == 0, a.counters()
+    assert p.now < 6000, p.now
+
+
 def test_a_line_noisy_from_the_start_delivers_its_first_message_within_a_second():
     # 921,600 baud, a bit error rate of 1e-3 from the first byte: the first frames are cut
     # whole (1 KiB) and none gets through. The first RTO (500 ms: no round trip measured yet)
