@@ -2,9 +2,10 @@
 section 5). A frame that arrives ahead of the one expected is copied here and delivered, in
 order, once the gap before it is filled; the ACKs meanwhile carry the SACK bitmap made here.
 
-Imported only by a LinkSession that keeps frames (hold > 0): a CPython end. A board keeps none
-(a window of 1400-byte frames is more heap than it has) and never loads this module; its peer
-goes back over what it did not keep, on its NAK. MicroPython-portable."""
+Imported only by a LinkSession that keeps frames (hold > 0): a CPython end, and a board whose
+heap has room for a window of frames beside its budget (ports/micropython/build.build). A
+board without that room keeps none and never loads this module; its peer goes back over what it
+did not keep, on its NAK. MicroPython-portable."""
 
 from array import array
 
@@ -20,6 +21,7 @@ class Hold:
         self.n = k
         self.stride = stride
         self.buf = bytearray(k * stride)
+        self.mv = memoryview(self.buf)  # a frame kept is copied through it: no copy of its bytes
         self.len = array("H", bytes(2 * k))  # 0: the slot is empty
         self.seq = bytearray(k)
         self.held = 0
@@ -36,7 +38,8 @@ class Hold:
             return  # a copy we have
         if not self.len[j]:
             self.held += 1
-        self.buf[j * self.stride:j * self.stride + n] = b[p:p + n]
+        q = j * self.stride
+        self.mv[q:q + n] = memoryview(b)[p:p + n]
         self.len[j] = n
         self.seq[j] = seq
 

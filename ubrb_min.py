@@ -959,6 +959,9 @@ class Gateway:
     policy = None
     throttle = None
     _refused_address = False  # the last accept() refusal was --allow-clients, not capacity
+    # the port's write_now(ci): write what client ci's queue holds, as far as its socket takes it
+    # now, closing nothing (a reliable MESSAGE found the queue full); None: no second try
+    write_now = None  # type: object
 
     def __init__(self, profile, ros=None, server=SERVER_NAME, log=None, new_buffer=bytearray):
         # new_buffer(n): where every large buffer (decoders, send queues) comes from, once, here.
@@ -1706,7 +1709,8 @@ class Gateway:
             j = next_held(ids, c.sub_slot, slot, 0)
             while j >= 0:
                 if c.queue.push_message(OP_MESSAGE, ids[j], buf, off, n,
-                                        not c.sub_reliable[j]):
+                                        not c.sub_reliable[j]) or (
+                        c.sub_reliable[j] and self._pushed_after_write(c, ids[j], buf, off, n)):
                     c.tx_frames += 1
                     self.stat_counts[_GS_MESSAGE_OUT] += 1
                 else:
@@ -1714,6 +1718,22 @@ class Gateway:
                     self.stat_counts[_GS_DROPPED_QUEUE] += 1
                 left -= 1
                 j = next_held(ids, c.sub_slot, slot, j + 1) if left > 0 else -1
+
+    def _pushed_after_write(self, c, sid, buf, off, n):
+        # A reliable MESSAGE found client c's queue full: the link hands over a window of frames
+        # at once (a gap filled, a retransmission), more than an mcu queue holds. The port writes
+        # what the client's socket takes now and it is tried once more, so a client that reads
+        # gets all of them; one that does not still gets the gap (counted, docs/PROTOCOL.md)
+        w = self.write_now
+        if w is None:
+            return False
+        w(c.index)
+        if c.state != S_READY:
+            return False
+        q = c.queue
+        ok = q.push_message(OP_MESSAGE, sid, buf, off, n, False)
+        q.refused -= 1  # one count per message refused: the second try's, or the first's undone
+        return ok
 
     def ros_sub_count(self, slot, count):
         if not self.registry.holds(PUB, slot):

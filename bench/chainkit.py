@@ -150,9 +150,10 @@ def tag_of(cdr: bytes) -> Tuple[int, int]:
 class Proc:
     """A subprocess whose stdout+stderr is collected line by line in the background."""
 
-    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, argv: List[str], env: Optional[Dict[str, str]] = None,
+                 cwd: str = ROOT) -> None:
         self.argv = argv
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env or child_env(),
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env or child_env(),
                                      stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      bufsize=1)

@@ -10,7 +10,10 @@ UDP link (nobody answers on it: start-up does not wait for the companion):
   * per interpreter and configuration, from the gateway's own memory line (`heap after start-up:
     N bytes used, M free`): the heap used after start-up, the smallest heap that starts, and the
     smallest with >= 24 KiB and >= 32 KiB free after start-up (bisection in 1 KiB steps: each
-    probe is a real start of main.py under `-X heapsize=`);
+    probe is a real start of main.py under `-X heapsize=`); and the smallest heap in which the
+    link keeps frames past a gap (ports/micropython/build.build: a window of frames beside
+    the budget and 32 KiB free). "Used" is measured where it keeps none (at the heap with
+    >= 32 KiB free), so it compares across heaps; keeping them adds the bytes its line names;
   * the heap each module's import takes (its code, constants and names) on each interpreter;
   * the same for the ROMFS layout (make deploy ROMFS=1), the image outside the heap as a board's
     flash: with the PyPI unix port run by tools/romfs_board.py (the image mapped with mmap), with
@@ -46,6 +49,7 @@ from tools import deploy, romfs_board  # noqa: E402
 from ubrb_host import cli as host_cli  # noqa: E402
 
 MEMORY_LINE = re.compile(r"heap after start-up: (\d+) bytes used, (\d+) free")
+KEPT_LINE = re.compile(r"link: keeps frames past a gap")
 KEY_HEX = "00112233445566778899aabbccddeeff" * 2
 # (label, extra gateway flags): what a board runs in each configuration
 CONFIGS = (("plain", ()), ("keyed", ("--link-key", "link.key")),
@@ -171,19 +175,23 @@ def gateway_argv(interp: str, folder: str, heap: str, flags: Sequence[str],
 
 def start_up(interp: str, folder: str, heap_k: int, flags: Sequence[str],
              romfs: bool = False) -> Tuple[Optional[int], Optional[int], str]:
-    """(used, free) from the memory line of main.py under `heap_k` KiB, or (None, None, why)."""
+    """(used, free, "") from the memory line of main.py under `heap_k` KiB ("kept" instead of
+    "" when its link keeps frames past a gap), or (None, None, why)."""
     argv = gateway_argv(interp, folder, "%dk" % heap_k, ["--listen", "127.0.0.1:%d" %
                         deploy.free_port(), "--log-level", "info", *flags], romfs)
     p = subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     out: List[str] = []
+    kept = ""
     try:
         assert p.stdout is not None
         for line in p.stdout:
             out.append(line)
+            if KEPT_LINE.search(line):
+                kept = "kept"
             m = MEMORY_LINE.search(line)
             if m:
-                return int(m.group(1)), int(m.group(2)), ""
+                return int(m.group(1)), int(m.group(2)), kept
     finally:
         p.kill()
         p.wait(10)
@@ -196,7 +204,9 @@ def smallest(interp: str, folder: str, flags: Sequence[str], need_free: int,
     """The smallest heap in KiB that starts with at least `need_free` bytes free after start-up
     (the start-up peak included: a heap that cannot reach the memory line does not count)."""
     def ok(k: int) -> bool:
-        used, free, _ = start_up(interp, folder, k, flags, romfs)
+        used, free, kept = start_up(interp, folder, k, flags, romfs)
+        if need_free < 0:  # the smallest that keeps frames past a gap
+            return kept == "kept"
         return free is not None and free >= need_free
     if not ok(hi):
         return None
@@ -280,10 +290,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         start_only = ("ubrb_setup", "ports.micropython.gateway", "ports.micropython.build")
         for label, flags in CONFIGS:
             serving = [m for m in modules_loaded(interps[0][1], files, flags, False)
-                       if m in size]
+                       if m in size and m != "ubrb_hold"]
             at_start = [m for m in start_only if m not in serving]
-            print("  %-7s while serving %6d: %s" % (label, sum(size[m] for m in serving),
-                                                    ", ".join(serving)))
+            print("  %-7s while serving %6d: %s (+ ubrb_hold %d where the heap has room to keep "
+                  "frames past a gap)" % (label, sum(size[m] for m in serving),
+                                          ", ".join(serving), size["ubrb_hold"]))
             print("  %-7s start-up only %6d: %s" % ("", sum(size[m] for m in at_start),
                                                     ", ".join(at_start)))
         print("\nheap per module import (bytes: code, constants, its new names; what it imports of the"
@@ -300,22 +311,30 @@ def main(argv: Optional[List[str]] = None) -> int:
             if romfs and path != interps[0][1] and not has_ffi(path):
                 print("  not measured: this interpreter has no ffi module to map the image")
                 continue
-            print("  %-8s %14s %12s %18s %18s" % ("config", "used after", "smallest", "smallest with",
-                                                  "smallest with"))
-            print("  %-8s %14s %12s %18s %18s" % ("", "start-up (B)", "that starts",
-                                                  ">= 24 KiB free", ">= 32 KiB free"))
+            print("  %-8s %14s %12s %18s %18s %16s" % (
+                "config", "used after", "smallest", "smallest with", "smallest with",
+                "keeps frames"))
+            print("  %-8s %14s %12s %18s %18s %16s" % (
+                "", "start-up (B)", "that starts", ">= 24 KiB free", ">= 32 KiB free",
+                "past a gap from"))
             for cfg, flags in CONFIGS:
                 used, _, why = start_up(path, folder, 512, flags, romfs)
                 if used is None:
                     print("  %-8s did not start in 512k: %s" % (cfg, why))
                     continue
                 if args.no_search:
-                    print("  %-8s %14d" % (cfg, used))
+                    print("  %-8s %14d%s" % (cfg, used, " (frames past a gap kept)"
+                                             if why == "kept" else ""))
                     continue
-                cols = [smallest(path, folder, flags, need, romfs) for need in (0,) + FREE_TARGETS]
-                print("  %-8s %14d" % (cfg, used) + "".join(
-                    ("%12s" if i == 0 else "%19s") % ("-" if k is None else "%dk" % k)
-                    for i, k in enumerate(cols)))
+                cols = [smallest(path, folder, flags, need, romfs)
+                        for need in (0,) + FREE_TARGETS + (-1,)]
+                if cols[-2] is not None:  # used where no frames are kept: comparable
+                    u, _, w = start_up(path, folder, cols[-2], flags, romfs)
+                    if u is not None:
+                        used, why = u, w
+                print("  %-8s %14s" % (cfg, used if why != "kept" else "%d+" % used) + "".join(
+                    ("%12s" if i == 0 else "%19s" if i < 3 else "%17s")
+                    % ("-" if k is None else "%dk" % k) for i, k in enumerate(cols)))
         print("\n32-bit WebAssembly MicroPython (npm), the same .mpy files: %s" % wasm32(files))
     return 0
 

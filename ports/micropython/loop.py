@@ -36,13 +36,16 @@ class IO:
     """The modules the port talks to the world through; None where the port has none."""
 
     def __init__(self, socket=None, select=None, time=None, machine=None, network=None,
-                 config=None):
+                 config=None, mem_free=None):
         self.socket = socket
         self.select = select
         self.time = time
         self.machine = machine
         self.network = network
         self.config = config  # a module/object with WIFI_SSID, WIFI_PASSWORD, GATEWAY (optional)
+        # the heap's free bytes, for sizing at start-up: gc.mem_free when None (a test rig whose
+        # heap is not what gc reports gives its own)
+        self.mem_free = mem_free
 
 
 # The clock is moved back by REBASE_STEP whenever it reaches REBASE_AT: times stay below 2**30.
@@ -106,6 +109,7 @@ class GatewayLoop:
         # (Gateway.hold_for_ros; a restarted gateway's companion answers once its old session's
         # dead timer ran out, then at its next HELLO). The clients are served from the start.
         self.gw = gw
+        gw.write_now = self._write_now  # a reliable MESSAGE finding a queue full: write, retry
         self.link = link  # LinkDriver or None
         self.ros = ros  # LinkRosPort (send_stats) or None
         self.io = io  # gateway.default_io(), or the tests' fakes
@@ -403,7 +407,18 @@ class GatewayLoop:
                 return  # drained, frames left for the next turn, closing, or waiting for link room
 
     def _write(self, ci):
+        err = self._write_now(ci)
+        if err is not None:
+            self._drop(ci, "write error: %s" % err)
+        elif self.gw.flushed_close(ci):
+            self._drop(ci, self.gw.clients[ci].close_reason)
+
+    def _write_now(self, ci):
+        """Write client ci's queue as far as its socket takes it now; the OSError, if one
+        (Gateway.write_now: closing is left to the caller)."""
         s = self.socks[ci]
+        if s is None:
+            return None
         q = self.gw.clients[ci].queue
         for _ in range(_MAX_WRITES):
             n = q.peek()
@@ -412,15 +427,13 @@ class GatewayLoop:
             try:
                 k = s.write(q.buf, q.out, n)
             except OSError as e:
-                self._drop(ci, "write error: %s" % e)
-                return
+                return e
             if not k:  # None: EAGAIN
                 break
             q.sent(k)
             if k < n:
                 break
-        if self.gw.flushed_close(ci):
-            self._drop(ci, self.gw.clients[ci].close_reason)
+        return None
 
     def _sync(self, ci):
         want = self.gw.interest(ci)

@@ -8,7 +8,7 @@ import os
 import re
 import signal
 import socket
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from tests.e2e.helpers import E2E_DOMAIN, E2E_XML, companion_argv, e2e_proc
 from tests.support.loopback_ports import free_port
@@ -29,11 +29,15 @@ class MicroPythonBridge:
     mode = "micropython"
 
     def __init__(self, *link_args: str, heap: str = HEAP, layout: str = "romfs",
-                 gw_args: Sequence[str] = ()) -> None:
+                 gw_args: Sequence[str] = (),
+                 link_via: Optional[Callable[[int], int]] = None) -> None:
         # link_args: given to both ends (--link-key FILE); heap, layout and gw_args: the
         # gateway's (tests/support/mp_unix.py: "romfs", or "files", the .mpy files of stock
-        # firmware)
-        self.comp_url = "udp://127.0.0.1:%d" % free_port(socket.SOCK_DGRAM)
+        # firmware); link_via(companion's UDP port): the port the gateway's link goes to instead
+        # (a proxy's: tools/impair.UdpImpairProxy)
+        comp_port = free_port(socket.SOCK_DGRAM)
+        self.comp_url = "udp://127.0.0.1:%d" % comp_port
+        gw_url = self.comp_url if link_via is None else "udp://127.0.0.1:%d" % link_via(comp_port)
         self.link_args = link_args
         self.comp: Optional[Proc] = None
         self.gw: Optional[MicroPythonGateway] = None
@@ -41,7 +45,7 @@ class MicroPythonBridge:
             self.start_companion()
             # both clients come from 127.0.0.1, on the mcu profile's own limits: the per-address
             # one bounds connections before HELLO only
-            self.gw = MicroPythonGateway("--link", self.comp_url, *link_args, *gw_args, heap=heap,
+            self.gw = MicroPythonGateway("--link", gw_url, *link_args, *gw_args, heap=heap,
                                          env=child_env(E2E_DOMAIN, E2E_XML), layout=layout)
             self.port = self.gw.port
             self.gw.wait_line(r"ROS side up", 10)

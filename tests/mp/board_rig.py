@@ -44,6 +44,10 @@ slots = [None, None, None, 0, 0]  # boot()'s result, the loop, its real run(), o
 ballast = [None]
 
 
+def heap_free():
+    return gc.mem_free() - SPLIT
+
+
 class IO:
     """ports.micropython.loop.IO's attributes (the rig does not load the port's modules)."""
 
@@ -54,6 +58,9 @@ class IO:
         self.machine = None
         self.network = None
         self.config = None
+        # the board heap's free bytes: what gc.mem_free() says, less the build's growth reserve
+        # (a heap of exactly H32 cannot grow)
+        self.mem_free = heap_free
 
 
 class CompanionAddress:
@@ -111,7 +118,7 @@ def address(which):
 
 def heap(which):
     """0: bytes free, 1: bytes allocated, 2: the heap's total (free + allocated)."""
-    free = gc.mem_free() - SPLIT
+    free = heap_free()
     if which == 0:
         return free
     if which == 1:

@@ -43,21 +43,24 @@ HEAP = deploy.ROMFS_CHECK_HEAP
 # 32-bit: the npm WebAssembly MicroPython (tests/gateway/test_heap_ci_wasm32.py: the port's loop
 # on the thin fakes of tests/core/mp_fakes.py, 10 s of fake time; the heap exactly H32 and unable
 # to grow, the rig's own objects kept out of it: tests/mp/board_heap.mjs). Deterministic: the
-# same figures every run. Used after start-up: 94,352 bytes plain, 96,928 keyed (the line,
-# board-equivalent; the link session's classes, one per job, and the registrations' turns took
-# ~2.3 KB of it: 91,952 / 94,512 before).
-H32 = 124 * 1024        # bytes: the board heap, no key. Smallest passing 124 KiB (29,680 free);
-#                         123 KiB leaves 28,656 < F32 (this build cannot collect within
-#                         start-up's second half, so its peak is higher than a board's)
-F32 = 28 * 1024         # bytes free after start-up at H32, at least (29,680 at 124 KiB)
-H32_KEYED = 127 * 1024  # the same with --link-key (ubrb_keyed, the MAC state). Smallest passing
-#                         126 KiB (29,088 free)
-F32_KEYED = 28 * 1024   # (30,112 at 127 KiB)
+# same figures every run. Used after start-up: 95,248 bytes plain, 97,824 keyed (the line,
+# board-equivalent; 94,352 / 96,928 before the probe rounds, the second try of a MESSAGE and
+# the start-up's hold decision and its line).
+H32 = 127 * 1024        # bytes: the board heap, no key. Smallest passing 127 KiB (31,792 free).
+#                         124-126 KiB start with >= F32 free (28,784 at 124) but end the load
+#                         48 B below where the warm-up left the heap (127 KiB: 0 B). Not found
+#                         what those 48 B are: not the new second try (it never ran, and with
+#                         it unset the 48 B stay); likely what a stale word keeps alive in this
+#                         conservative GC, which moves with the layout (before, 124 KiB passed)
+F32 = 28 * 1024         # bytes free after start-up at H32, at least (31,792 at 127 KiB)
+H32_KEYED = 128 * 1024  # the same with --link-key (ubrb_keyed, the MAC state). Smallest passing
+#                         127 KiB (29,216 free: 544 B above F32_KEYED)
+F32_KEYED = 28 * 1024   # (30,240 at 128 KiB)
 # 64-bit: the PyPI unix port, `micropython -X heapsize=H64 main.py` in the deployed folder, real
 # sockets, the real companion (`python -m ros_side`, dds backend), 10 s of real time
 # (tests/e2e/test_heap_ci_unix64.py). Used after start-up: 136,320 bytes plain, 138,976 keyed
 # (132,448 / 135,072 before the link session's classes and the registrations' turns).
-H64 = "170k"            # the heap, no key (tools/deploy.py CHECK_HEAP is 168k). Smallest passing
+H64 = "170k"            # the heap, no key (tools/deploy.py CHECK_HEAP too). Smallest passing
 #                         168k (33,664 free; 167k: 32,640 < F64). Under F64 the STATS record's
 #                         allocation can fail under the load (contained: "unexpected error in
 #                         timers: MemoryError"; seen at 27,616 free)

@@ -81,6 +81,7 @@ class GatewayServer:
         hold_for_ros_ms: int = HOLD_FOR_ROS_MS,
     ) -> None:
         self.gw = gw
+        gw.write_now = self._write_now  # a reliable MESSAGE finding a queue full: write, retry
         self.link = link  # object with fileno(), on_readable(now), wants_write(), flush(now), tick(now)
         self.sel = selectors.DefaultSelector()
         self.lsock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
@@ -337,9 +338,20 @@ class GatewayServer:
                 break  # frames left for the next turn, closing, or waiting for link room
 
     def _write(self, ci: int) -> None:
+        if self.socks[ci] is None:
+            return
+        err = self._write_now(ci)
+        if err is not None:
+            self._drop(ci, f"write error: {err}")
+        elif self.gw.flushed_close(ci):
+            self._drop(ci, self.gw.clients[ci].close_reason)
+
+    def _write_now(self, ci: int) -> Optional[OSError]:
+        """Write client ci's queue as far as its socket takes it now; the OSError, if one
+        (Gateway.write_now: closing is left to the caller)."""
         sock = self.socks[ci]
         if sock is None:
-            return
+            return None
         q = self.gw.clients[ci].queue
         for _ in range(WRITES_PER_TURN):
             k = q.peek()
@@ -350,13 +362,11 @@ class GatewayServer:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
-                self._drop(ci, f"write error: {e}")
-                return
+                return e
             q.sent(n)
             if n < k:
                 break
-        if self.gw.flushed_close(ci):
-            self._drop(ci, self.gw.clients[ci].close_reason)
+        return None
 
     def _sync_client(self, ci: int) -> None:
         sock = self.socks[ci]
