@@ -122,6 +122,18 @@ def test_a_byte_stream_keeps_no_reordering_allowance():
     assert _allowance_after_late_acks(False) == 0
 
 
+def offer(a, rig, sent, n, steps):
+    """Keep a's reliable ring full with messages sent .. n - 1 while `rig` steps a millisecond
+    at a time, until its other end got n messages or `steps` ran out."""
+    for _ in range(steps):
+        while sent < n and a.rel_room(SIZE):
+            assert a.send(L.LK_T_PUB, 1, rel_payload(sent, SIZE), 0, SIZE, True) == L.LK_OK
+            sent += 1
+        rig.step(1)
+        if len(rig.b.handler.msgs) >= n:
+            return
+
+
 def _through_stalls(seed, every):
     # 300 reliable 1000-byte messages over a 921,600-baud line that stalls for 250-500 ms
     # every `every` ms or so: RTOs during a stall count its frames lost, the frame fitting cuts
@@ -135,14 +147,7 @@ def _through_stalls(seed, every):
     line.up()
     line.start_stalling()
     n = 300
-    sent = 0
-    for _ in range(60000):
-        while sent < n and a.rel_room(SIZE):
-            assert a.send(L.LK_T_PUB, 1, rel_payload(sent, SIZE), 0, SIZE, True) == L.LK_OK
-            sent += 1
-        line.step(1)
-        if len(b.handler.msgs) >= n:
-            break
+    offer(a, line, 0, n, 60000)
     assert line.stalls and a.counters()["timeouts"], (line.stalls, a.counters())
     got = [m[2] for m in b.handler.msgs]
     for i in range(len(got)):
@@ -203,13 +208,7 @@ def test_only_the_answer_to_a_probe_lets_frames_in_flight_be_cut_again():
     stall.on = False
     for c in stall.waiting:            # the stall ends: the old copies and the probe arrive
         b.feed(c, 0, len(c), p.now)
-    for _ in range(20000):
-        while sent < n and a.rel_room(SIZE):
-            assert a.send(L.LK_T_PUB, 1, rel_payload(sent, SIZE), 0, SIZE, True) == L.LK_OK
-            sent += 1
-        p.step(1)
-        if len(b.handler.msgs) >= n:
-            break
+    offer(a, p, sent, n, 20000)
     assert [m[2] for m in b.handler.msgs] == [rel_payload(i, SIZE) for i in range(n)]
     assert a.counters()["desync"] == 0 and a.counters()["down"] == 0, a.counters()
     assert p.now < 6000, p.now
