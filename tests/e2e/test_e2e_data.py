@@ -134,6 +134,12 @@ def test_cmd_vel_reaches_two_clients_crossing_once(bridge: Any, connect: Any, dd
     b.subscribe(9, "/cmd_vel", "geometry_msgs/msg/Twist", qos)
     w = dds.writer("rt/cmd_vel", I.Twist, depth=100)
     assert wait_for(lambda: matched(w) == 1, 10)
+    # The companion's reader matching says a's SUBSCRIBE made the slot; b's joins it at the
+    # gateway only, and may still wait its turn there (registrations take turns on the link):
+    # a PING answered after it says it was taken. Without this, b missed the first messages in
+    # a loaded run (114d4c3: client a 20, client b fewer, the same DDS reader)
+    a.sync()
+    b.sync()
     # one DDS reader for both clients: the companion's
     assert wait_for(lambda: len(alive_endpoints(dcps[1], "rt/cmd_vel")) == 1, 5)
     before = bridge.gw.counters()["message_out"] if bridge.gw is not None else 0
