@@ -2845,8 +2845,8 @@ class LinkSession:
         self.rx_n = 0
         self.rec_header = bytearray(LK_RHDR_MAX)  # scratch: a record header being written
         # receiving: up to `hold` frames ahead of a gap are kept and reported in SACKs
-        # (ubrb_hold, imported only then); None keeps none (a board: the sender then goes back
-        # over what was not kept, on our NAK)
+        # (ubrb_hold, imported only then); None keeps none (a board without the heap for them:
+        # the sender then goes back over what was not kept, on our NAK)
         self.hold = None
         if hold > 0:
             from ubrb_hold import Hold

@@ -525,9 +525,10 @@ def link_sizes(max_message, datagram, mtu=LINK_DEFAULT_MTU, board=_MICROPYTHON):
         else:
             rel = max(4 * _KIB, (8 * (mm + LK_RHDR_MAX) + 2) // 3)
         be = max(4 * _KIB, mm + 6 + LK_RHDR_MAX, min(2 * mm + 64, 128 * _KIB))
-    # Frames received past a gap are kept (selective repeat) for a whole window, except on a
-    # board: a window of 1400-byte frames is more heap than it has, and the sender goes back
-    # over the frames a board did not keep (its NAK), as the link did before SACK.
+    # Frames received past a gap are kept (selective repeat) for a whole window. Not in a
+    # board's budget: a window of 1400-byte frames is more heap than a stock ESP32 has, so a
+    # board keeps them only where its heap has room once the budget is allocated
+    # (ports/micropython/build.py); else the sender goes back over what it did not keep (its NAK).
     # On a stream link (serial) the frames get smaller on a noisy line and more of them fly
     # (ubrb_stream.Stream.frames): keep a whole table of them.
     hold = 0 if board else (window if datagram else LINK_HOLD_STREAM)
