@@ -13,6 +13,17 @@ if HERE not in sys.path:
 from ros_helpers import TEST_DOMAIN, RecordingSink  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_registration_budget(monkeypatch):
+    """The companions made in these tests do their registrations at once, however long the
+    backend takes: the 10 ms budget is wall-clock time, so on a loaded machine a fake backend's
+    churn crossed it and registrations were coalesced (test_drain_unit counted 28 writers of 32
+    in a loaded run). The budget's own tests pass registration_budget_ms themselves
+    (test_registration_churn.py); companion processes keep the default."""
+    from ros_side import companion
+    monkeypatch.setattr(companion, "REGISTRATION_BUDGET_MS", 10 ** 6)
+
+
 @pytest.fixture
 def sink():
     return RecordingSink()
