@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -49,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import chainkit as K  # noqa: E402
 from tools import deploy  # noqa: E402
 from tools.impair import UdpImpairProxy  # noqa: E402
+from ubrb_client import frames as F  # noqa: E402
 from ubrb_host import cli as host_cli  # noqa: E402
 
 TOPIC = "/board_rx"
@@ -76,6 +78,16 @@ def gateway_counters(output: str) -> Dict[str, int]:
     return found
 
 
+def keep_alive(client: K.RawClient, done: threading.Event) -> None:
+    """A PING every 2 s, as a UE world sends: a client that only listens is otherwise closed after
+    10 s with nothing received (docs/PROTOCOL.md)."""
+    while not done.wait(2.0):
+        try:
+            client.send(F.encode_frame(F.PING))
+        except OSError:
+            return
+
+
 def percentile(values: List[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -91,6 +103,7 @@ def run(layout: str, exe: str, heap: str, impair: Dict[str, Any], rate: float, s
     proxy = UdpImpairProxy(("127.0.0.1", lport), seed=1, **impair)
     gw: Optional[K.Proc] = None
     client: Optional[K.RawClient] = None
+    pinging = threading.Event()
     try:
         comp.wait_line(r"companion on link")
         port = K.free_port()
@@ -100,6 +113,7 @@ def run(layout: str, exe: str, heap: str, impair: Dict[str, Any], rate: float, s
         gw.wait_line(r"ROS side up", 20)
         client = K.RawClient(port, "board_rx")
         client.subscribe(1, TOPIC, QOS)
+        threading.Thread(target=keep_alive, args=(client, pinging), daemon=True).start()
         writer = K.dds_writer(TOPIC)
         K.wait_for(lambda: K.matched(writer) > 0, 20)
         time.sleep(0.5)  # the companion's reader matched the writer too (both sides know)
@@ -126,6 +140,7 @@ def run(layout: str, exe: str, heap: str, impair: Dict[str, Any], rate: float, s
                 "p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99)}
     finally:
         if client is not None:
+            pinging.set()
             client.close()
         gw_out = ""
         if gw is not None:
