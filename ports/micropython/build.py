@@ -6,6 +6,7 @@ import ubrb_min as core
 from ports.micropython import link as mlink
 from ports.micropython.loop import GatewayLoop
 
+
 def open_gateway_link(io, opts, max_slots, hold=0):
     """(LinkRosPort, LinkDriver) for the link gateway.prepare() parsed into `opts`, or (None,
     None) for 'none'. The session's sizes are prepare()'s (ubrb_setup.link_sizes); `hold`:
