@@ -3262,9 +3262,16 @@ class LinkSession:
                 self.stat_counts[_LKC_HDR_ERR] += 1
                 p += 1
                 continue
-            if end - p < L:
-                return p
             kind = ctl & 15
+            if end - p < L:
+                if kind == LK_HELLO or self.state == LINK_UP:
+                    return p
+                # a frame the link, being down, would throw away: not waited for. After an
+                # outage cut one, its L bytes would otherwise have to come as HELLOs (a
+                # quarter of a second each) before the first HELLO counted.
+                self.stat_counts[LKC_STALE] += 1
+                p += 1
+                continue
             if self._crc(b, p, L, 0 if kind == LK_HELLO else self.seed) != LK_RESIDUE:
                 self.stat_counts[_LKC_CRC_ERR] += 1
                 p += 1

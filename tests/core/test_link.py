@@ -299,6 +299,38 @@ def test_liveness_down_and_resume_without_loss():
     assert got == [rel_payload(i, 20) for i in range(15)]
 
 
+
+def test_an_outage_that_cuts_a_frame_each_way_still_resumes_within_a_hello():
+    # A serial line goes dead in the middle of a 1 KiB frame in each direction: each end holds
+    # the first half of a frame whose header promised 1 KiB. While the link is down only
+    # HELLOs count, so the ends must not wait for the rest of it: that took ~4 s of HELLOs
+    # (longer than a test's or a user's patience) before the first HELLO was even read.
+    a = sess(True, 1)
+    b = sess(False, 2)
+    line = {"state": "open"}
+
+    def mangle(data, d):
+        if line["state"] == "cutting" and len(data) > 100:
+            return [data[:len(data) // 2]]      # the first half got through, then the line died
+        return [] if line["state"] != "open" else [data]
+
+    p = Pair(a, b, mangle)
+    p.up()
+    line["state"] = "cutting"
+    for x in (a, b):
+        assert x.send(L.LK_T_PUB, 1, rel_payload(7, 1000), 0, 1000, True) == L.LK_OK
+    p.step(1)
+    line["state"] = "dead"
+    assert p.run(3000, until=lambda: not a.is_up() and not b.is_up())
+    line["state"] = "open"
+    t0 = p.now
+    p.up()
+    assert p.now - t0 <= L.LK_HELLO_MS + 5, p.now - t0
+    p.run(500)
+    assert [m[2] for m in b.handler.msgs] == [rel_payload(7, 1000)]   # and the frame went again
+    assert [m[2] for m in a.handler.msgs] == [rel_payload(7, 1000)]
+    assert a.counters()["stale"] >= 1 and b.counters()["stale"] >= 1
+
 def test_restart_new_epoch_resets_stream():
     a = sess(True, 1)
     b = sess(False, 2)
