@@ -27,6 +27,18 @@ import sys
 # command-line contract).
 # ---------------------------------------------------------------------------------------------
 if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
+    # CPython: a Ctrl-C that lands in a weakref callback (importlib's, while ubrb_host loads) is
+    # reported "Exception ignored" and lost; kept here until ubrb_host's own keeper is in place
+    _lost = []  # type: list
+    if hasattr(sys, "unraisablehook"):
+        _unraisable = sys.unraisablehook
+
+        def _keep(u):
+            if isinstance(u.exc_value, KeyboardInterrupt):
+                _lost.append(1)
+            else:
+                _unraisable(u)
+        sys.unraisablehook = _keep
 
     def _launch():
         try:
@@ -42,6 +54,8 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
                 import ubrb_host
 
                 ubrb_host.catch_stray_interrupts()  # a Ctrl-C CPython cannot raise: kept for later
+                if _lost:
+                    raise KeyboardInterrupt
                 from ubrb_host.gateway import main  # type: ignore[assignment]
         except ImportError as e:
             print("ubrb_min.py: no gateway port next to this file (%s): run it from the source "

@@ -35,11 +35,24 @@ def _use_source_tree() -> None:
 # good part of a second) or before run_program's own handling is a quiet exit 130, as later in
 # start-up; the console script (ros_side.main) guards the same way.
 if __name__ == "__main__":
+    # a Ctrl-C that lands in a weakref callback (importlib's, while ubrb_host loads) is reported
+    # "Exception ignored" and lost: kept here until ubrb_host's own keeper is in place
+    _lost: list = []
+    _unraisable = sys.unraisablehook
+
+    def _keep(u: "sys.UnraisableHookArgs") -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt):
+            _lost.append(1)
+        else:
+            _unraisable(u)
+    sys.unraisablehook = _keep
     try:
         _use_source_tree()
         import ubrb_host
 
         ubrb_host.catch_stray_interrupts()  # a Ctrl-C CPython cannot raise: kept for later
+        if _lost:
+            raise KeyboardInterrupt
         from ros_side.__main__ import main as _main
 
         sys.exit(_main())
