@@ -15,7 +15,8 @@ and publishes 100 reliable messages a second for 10 s of fake time.
 Asserted: start-up leaves >= F32 free in the gateway's own memory line (and after the collection
 that follows it); no MemoryError anywhere (the gateway's output, its counters, the rig's calls);
 the heap never grew; all 1,000 messages of each client delivered, in order; the free heap after
-the load within HEAP_CI_DRIFT32 of start-up's (and not a byte below where the warm-up left it).
+the load within HEAP_CI_DRIFT32 of start-up's (and not more than STALE_B below where the warm-up
+left it).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ RATE_MS = 10                    # each client publishes every 10 ms: 100 msg/s
 SECONDS = 10
 N = SECONDS * 1000 // RATE_MS   # messages per client
 WARM_MS = 1500                  # after both clients registered, before the load
+# This build's GC is conservative: a stale word on the C stack or in a freed block's neighbour
+# may keep a block or two alive, which ones moving with the heap's layout (the load ended 16 to
+# 48 B below the warm-up at some heaps and 0 B at others; unrelated code changes move it). A
+# leak of one byte per relayed message would end 2,000 B below: what this allows is far less.
+STALE_B = 256
 S = "std_msgs/msg/String"
 MEMORY_LINE = re.compile(r"heap after start-up: (\d+) bytes used, (\d+) free")
 # UBRB_HEAPCI_H32 / UBRB_HEAPCI_H32_KEYED (bytes) try another heap (finding the smallest)
@@ -387,7 +393,8 @@ def test_a_crossing_load_in_the_32_bit_board_heap(loads: Dict[bool, Outcome],
         assert c[k] == 0, (k, c)
     for k in ("drop_rel_full", "drop_down", "too_large", "auth", "down"):
         assert r["link"][k] == 0, (k, r["link"])
-    # what the load left behind: nothing once warmed up; within the drift of start-up
-    assert r["end"]["free"] >= r["warm"]["free"], (r["warm"], r["end"])
+    # what the load left behind: nothing once warmed up (but the few blocks a stale word may keep,
+    # see STALE_B); within the drift of start-up
+    assert r["end"]["free"] >= r["warm"]["free"] - STALE_B, (r["warm"], r["end"])
     assert r["end"]["free"] >= start_free - mp_unix.HEAP_CI_DRIFT32, (start_free, r["end"])
     assert r["stopped"]["status"] == 0
