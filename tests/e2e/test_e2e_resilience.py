@@ -166,6 +166,63 @@ def test_qos_change_during_outage(linked: Any, connect: Any, dds: Dds) -> None:
     assert raw.wait(1) == [data]
 
 
+def test_an_outage_that_cuts_a_frame_each_way_resumes_at_once(linked: Any, connect: Any,
+                                                               dds: Dds) -> None:
+    """1 KiB messages flow both ways when the serial line dies in the middle of a frame in each
+    direction: each end keeps the header of a frame whose body never comes. When the line is
+    back, the link must resume at the first HELLOs, not once a whole frame's worth of HELLOs
+    has filled the cut one (about 4 to 8 s)."""
+    if linked.mode != "serial":
+        pytest.skip("the outage is made by cutting the serial relay")
+    out, back = "/e2e_cut_out", "/e2e_cut_back"
+    raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
+    w = dds.writer("rt" + back, I.String, depth=100)
+    a, b = connect(linked, "pub"), connect(linked, "sub")
+    a.advertise(1, out, S)
+    b.subscribe(2, back, S)
+    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
+    pad = "x" * 1000
+    cut = [False, False]   # [d]: direction d (0: gateway -> companion) was cut
+    state = {"mode": "open"}
+
+    def impair(d: int, data: bytes) -> bytes:   # (in the relay thread)
+        if state["mode"] == "open":
+            return data
+        if not cut[d] and len(data) >= 600:  # inside a 1 KiB frame: its head, not its body
+            cut[d] = True
+            return data[:64]
+        return data if not cut[d] else b""
+    linked.relay.impair = impair
+    try:
+        state["mode"] = "cutting"
+        seq = 0
+        deadline = time.monotonic() + 10
+        while not all(cut) and time.monotonic() < deadline:
+            seq += 1
+            a.publish(1, ser(string_msg("seq %d %s" % (seq, pad)), S))
+            w.write(I.String(data="seq %d %s" % (seq, pad)))
+            time.sleep(0.01)
+        assert all(cut), "no 1 KiB chunk crossed the line in each direction: %s" % cut
+        assert wait_for(lambda: not linked.gw.ros_ready, 5), "the link never went down"
+        time.sleep(0.5)                      # the companion's dead timer too (both 2 s)
+        raw.poll()
+        n_out, n_back = len(raw.got), len(b.messages[2])
+        state["mode"] = "open"
+        t0 = time.monotonic()
+        assert wait_for(lambda: linked.gw.ros_ready, 5), "the link never came back"
+        resumed = time.monotonic() - t0
+        a.publish(1, ser(string_msg("after"), S))
+        w.write(I.String(data="after"))
+        assert wait_for(lambda: len(raw.poll()) > n_out, 5), "client -> DDS did not resume"
+        assert b.wait(lambda: len(b.messages[2]) > n_back, 5), "DDS -> client did not resume"
+    finally:
+        state["mode"] = "open"
+    print("link back %.2f s after the line was (the cut frames' heads held at both ends)"
+          % resumed)
+    assert resumed < 1.5, resumed
+    assert not a.closed and not b.closed and a.error_codes() == [] and b.error_codes() == []
+
+
 def test_sub_count_after_restart(linked: Any, connect: Any, dds: Dds) -> None:
     """After a companion restart the publisher is created again and its subscriber count is
     the new companion's: a DDS reader that left while the companion was away is counted out."""
