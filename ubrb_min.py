@@ -31,14 +31,8 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
     # reported "Exception ignored" and lost; kept here until ubrb_host's own keeper is in place
     _lost = []  # type: list
     if hasattr(sys, "unraisablehook"):
-        _unraisable = sys.unraisablehook
-
-        def _keep(u):
-            if isinstance(u.exc_value, KeyboardInterrupt):
-                _lost.append(1)
-            else:
-                _unraisable(u)
-        sys.unraisablehook = _keep
+        sys.unraisablehook = lambda u, h=sys.unraisablehook: (  # type: ignore[misc]
+            _lost.append(1) if isinstance(u.exc_value, KeyboardInterrupt) else h(u))
 
     def _launch():
         try:
