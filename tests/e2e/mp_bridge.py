@@ -65,6 +65,16 @@ class MicroPythonBridge:
         assert self.gw is not None
         return len(re.findall(r"ROS side up", self.gw.text()))
 
+    def stop_and_tell(self) -> str:
+        """For a failure's message: both ends stopped (they log their counters as they stop) and
+        the end of what each said, so a message that went missing can be placed."""
+        tell = []
+        for name, p in (("gateway", self.gw), ("companion", self.comp)):
+            if p is not None:
+                p.stop(signal.SIGINT)
+                tell.append("-- %s:\n%s" % (name, p.text()[-2500:]))
+        return "\n".join(tell)
+
     def close(self) -> None:
         if self.gw is not None:
             self.gw.stop(signal.SIGINT)

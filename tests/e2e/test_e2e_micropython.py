@@ -147,7 +147,8 @@ def _heap_after_relays(connect: Any, dds: Dds, n: int, tag: str) -> int:
                 "DDS -> client stalled at %d of %d\n%s" % (len(b.messages[2]), want,
                                                             bridge.gw.text()[-2000:])
         assert wait_for(lambda: len(raw.poll()) >= n, 20), \
-            "client -> DDS: %d of %d\n%s" % (len(raw.got), n, bridge.gw.text()[-2000:])
+            "client -> DDS: %d of %d; client a's errors %s\n%s" % (
+                len(raw.got), n, a.errors, bridge.stop_and_tell())
         assert a.error_codes() == [] and b.error_codes() == []
         a.close()
         b.close()
