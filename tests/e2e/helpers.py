@@ -505,3 +505,19 @@ def alive_endpoints(builtin_reader: Any, topic: str) -> set:
     from cyclonedds.core import InstanceState
     return {s.key for s in builtin_reader.read(10000)
             if s.topic_name == topic and s.sample_info.instance_state == InstanceState.Alive}
+
+
+def both_ways(bridge: Any, connect: Callable[..., Any], dds: Dds, out: str,
+              back: str) -> tuple:
+    """String traffic both ways through `bridge`: client a publishes `out` (id 1) to a DDS reader
+    (depth 100), a DDS writer writes `back` to client b (id 2); returns (raw, w, a, b) once the
+    bridge's writer and reader have matched the test's. `raw` is a RawCollector."""
+    from tests.support import ros_idl as I
+    S = "std_msgs/msg/String"
+    raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
+    w = dds.writer("rt" + back, I.String, depth=100)
+    a, b = connect(bridge, "pub"), connect(bridge, "sub")
+    a.advertise(1, out, S)
+    b.subscribe(2, back, S)
+    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
+    return raw, w, a, b

@@ -17,6 +17,7 @@ import pytest
 from tests.e2e.helpers import (
     Dds,
     both_matched,
+    both_ways,
     RawCollector,
     key_file,
     matched,
@@ -77,13 +78,7 @@ def test_a_keyed_link_relays_both_ways(tmp_path: Any, connect: Any, dds: Dds) ->
 
 
 def test_companion_restart_mid_stream(mp_bridge: Any, connect: Any, dds: Dds) -> None:
-    out, back = "/e2e_mp_resil_out", "/e2e_mp_resil_back"
-    raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
-    w = dds.writer("rt" + back, I.String, depth=100)
-    a, b = connect(mp_bridge, "pub"), connect(mp_bridge, "sub")
-    a.advertise(1, out, S)
-    b.subscribe(2, back, S)
-    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
+    raw, w, a, b = both_ways(mp_bridge, connect, dds, "/e2e_mp_resil_out", "/e2e_mp_resil_back")
 
     def exchange(tag: str) -> None:
         # one message each way every 20 ms until 10 of this tag have crossed each way: after a

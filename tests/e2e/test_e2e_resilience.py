@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.helpers import (
     both_matched,
+    both_ways,
     Dds,
     RawCollector,
     alive_endpoints,
@@ -64,13 +65,8 @@ class Stream:
 
 
 def test_companion_killed_and_restarted_mid_stream(linked: Any, connect: Any, dds: Dds) -> None:
-    out, back = "/e2e_%s_resil_out" % linked.mode, "/e2e_%s_resil_back" % linked.mode
-    raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
-    w = dds.writer("rt" + back, I.String, depth=100)
-    a, b = connect(linked, "pub"), connect(linked, "sub")
-    a.advertise(1, out, S)
-    b.subscribe(2, back, S)
-    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
+    raw, w, a, b = both_ways(linked, connect, dds, "/e2e_%s_resil_out" % linked.mode,
+                             "/e2e_%s_resil_back" % linked.mode)
     accepted = linked.gw.counters()["clients_accepted"]
     new_sessions = linked.link_counters()["new"]
     stream = Stream(a, 1, w)
@@ -174,13 +170,7 @@ def test_an_outage_that_cuts_a_frame_each_way_resumes_at_once(linked: Any, conne
     has filled the cut one (about 4 to 8 s)."""
     if linked.mode != "serial":
         pytest.skip("the outage is made by cutting the serial relay")
-    out, back = "/e2e_cut_out", "/e2e_cut_back"
-    raw = RawCollector(dds.reader("rt" + out, I.String, depth=100))
-    w = dds.writer("rt" + back, I.String, depth=100)
-    a, b = connect(linked, "pub"), connect(linked, "sub")
-    a.advertise(1, out, S)
-    b.subscribe(2, back, S)
-    assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
+    raw, w, a, b = both_ways(linked, connect, dds, "/e2e_cut_out", "/e2e_cut_back")
     pad = "x" * 1000
     cut = [False, False]   # [d]: direction d (0: gateway -> companion) was cut
     state = {"mode": "open"}
