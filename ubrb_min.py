@@ -27,12 +27,6 @@ import sys
 # command-line contract).
 # ---------------------------------------------------------------------------------------------
 if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
-    # CPython: a Ctrl-C that lands in a weakref callback (importlib's, while ubrb_host loads) is
-    # reported "Exception ignored" and lost; kept here until ubrb_host's own keeper is in place
-    _lost = []  # type: list
-    if hasattr(sys, "unraisablehook"):
-        sys.unraisablehook = lambda u, h=sys.unraisablehook: (  # type: ignore[misc]
-            _lost.append(1) if isinstance(u.exc_value, KeyboardInterrupt) else h(u))
 
     def _launch():
         try:
@@ -48,8 +42,6 @@ if __name__ == "__main__":  # the only block the `ubrb_min` copy skips
                 import ubrb_host
 
                 ubrb_host.catch_stray_interrupts()  # a Ctrl-C CPython cannot raise: kept for later
-                if _lost:
-                    raise KeyboardInterrupt
                 from ubrb_host.gateway import main  # type: ignore[assignment]
         except ImportError as e:
             print("ubrb_min.py: no gateway port next to this file (%s): run it from the source "

@@ -41,12 +41,13 @@ def _sigint_default() -> None:
 
 
 def lost_by_cpython(text: str) -> bool:
-    """CPython printed a KeyboardInterrupt and went on, before any line of ours ran (the program
+    """CPython printed a KeyboardInterrupt with no frame of ours in it and went on (the program
     is still running). Seen: "Failed checking if argv[0] is an import path entry" (its check of
-    the script's directory, after which it runs the script anyway) and "Exception ignored in"
-    (a weakref callback of importlib while `site` loads). The programs keep an interrupt lost in
-    a callback from their first line on and raise it, and print no KeyboardInterrupt of their
-    own, so such a report can only be CPython's."""
+    the script's directory, before any line of ours; it runs the script anyway) and "Exception
+    ignored in" (importlib's module-lock weakref callback, while `site` or the programs' first
+    imports load: ros_side's launcher keeps such an interrupt from its first line, the gateway's
+    once ubrb_host is in, since a board would pay for every line of the core's launcher). The
+    programs print no KeyboardInterrupt of their own."""
     return "KeyboardInterrupt" in text and before_the_first_line(text)
 
 

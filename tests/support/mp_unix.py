@@ -67,11 +67,11 @@ H64 = "170k"            # the heap, no key (tools/deploy.py CHECK_HEAP too). Sma
 F64 = 32 * 1024         # bytes free after start-up at H64, at least (~35,700 at 170k)
 H64_KEYED = "176k"      # the same with --link-key. Smallest passing 170k (33,056 free); a keyed
 #                         link once needed ~6 KB more headroom than F64 (the STATS record under
-#                         the load failed at 34,048 free). 173k proved thin when the launcher's
-#                         Ctrl-C keeper first took 128 B more (35,104 free after start-up; 96 B
-#                         as written now): a 1,400-byte datagram, or the 1,040-byte STATS record,
-#                         found no contiguous room with ~30 KB free, in 2 of 4 runs (the free
-#                         heap in pieces). 176k: 38,208 free after start-up, 4 of 4 passed
+#                         the load failed at 34,048 free). 173k proved thin at stop 30: with
+#                         128 B more code in the core (a Ctrl-C keeper, since taken out) a
+#                         1,400-byte datagram, or the 1,040-byte STATS record, found no room
+#                         with ~30 KB free in pieces in 2 of 4 runs; at 176k (38,208 free after
+#                         start-up) with 96 B more, once in a full suite run
 F64_KEYED = 32 * 1024   # (34,976 at 172k: the key file's path length moves it by tens of bytes)
 # bytes: how much less may be free after the load than right after start-up, on 32-bit and on
 # 64-bit: what serving costs once - the clients' registrations (~0.7 KB on 32-bit) and the first
