@@ -121,11 +121,17 @@ def _heap_after_relays(connect: Any, dds: Dds, n: int, tag: str) -> int:
     try:
         assert bridge.gw is not None
         out, back = "/e2e_mp_heap_out_" + tag, "/e2e_mp_heap_back_" + tag
-        raw = RawCollector(dds.reader("rt" + out, I.String, depth=1000))
-        w = dds.writer("rt" + back, I.String, depth=1000)
+        # a depth that covers the whole burst on every side: the companion's writers are
+        # KEEP_LAST and never wait for a reader (docs/PROTOCOL.md, "Into DDS"): with 1,000, a
+        # reader that a loaded machine holds up for ~0.2 s of this burst may lose the oldest
+        # samples (the likely cause of 4,999 of 5,000, once). The same for both gateways,
+        # whose heaps are compared.
+        deep = dict(DEEP, depth=5000)
+        raw = RawCollector(dds.reader("rt" + out, I.String, depth=5000))
+        w = dds.writer("rt" + back, I.String, depth=5000)
         a, b = connect(bridge, "pub"), connect(bridge, "sub")
-        a.advertise(1, out, S, DEEP)
-        b.subscribe(2, back, S, DEEP)
+        a.advertise(1, out, S, deep)
+        b.subscribe(2, back, S, deep)
         assert wait_for(lambda: both_matched(a, 1, raw.reader) and matched(w) == 1, 10)
         data = ser(string_msg("relay"), S)
         step = min(n, 50)
