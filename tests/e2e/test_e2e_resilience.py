@@ -111,7 +111,17 @@ def outage(linked: Any, during: Any) -> None:
         during()
     finally:
         linked.relay.blackhole = False
-    assert wait_for(lambda: linked.gw.ros_ready, 5), "the link never came back"
+    assert wait_for(lambda: linked.gw.ros_ready, 5), "the link never came back\n" + told(linked)
+
+
+def told(linked: Any) -> str:
+    """What both ends say of the link (for a failure's message): the gateway's link counters and
+    why it refused the last HELLO, the relay's bytes moved, and the companion's last lines (it
+    says after 3 s without a link what it sees)."""
+    d = linked.driver
+    return "gateway link %s; hello_why %s; relay moved %s\n-- companion:\n%s" % (
+        linked.link_counters(), getattr(getattr(d, "s", None), "hello_why", "?"),
+        linked.relay.moved, linked.comp.text()[-3000:])
 
 
 def test_release_during_outage_reaches_ros(linked: Any, connect: Any, dds: Dds,
