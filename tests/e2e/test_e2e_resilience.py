@@ -209,7 +209,8 @@ def test_an_outage_that_cuts_a_frame_each_way_resumes_at_once(linked: Any, conne
         n_out, n_back = len(raw.got), len(b.messages[2])
         state["mode"] = "open"
         t0 = time.monotonic()
-        assert wait_for(lambda: linked.gw.ros_ready, 5), "the link never came back"
+        assert wait_for(lambda: linked.gw.ros_ready, 5), \
+            "the link never came back\n" + told(linked)
         resumed = time.monotonic() - t0
         a.publish(1, ser(string_msg("after"), S))
         w.write(I.String(data="after"))
