@@ -2089,7 +2089,7 @@ _LK_COUNTERS = (
     "rx_frames tx_frames rx_bytes tx_bytes crc_err hdr_err resync noise retx timeouts "
     "fast_retx dup ooo drop_be drop_be_down drop_rel_full drop_down too_large rel_reset_bytes "
     "frag_tx frag_rx frag_drop up down new hello_tx hello_rx proto stale trunc auth replay "
-    "desync renew hello_ok hello_ignored")
+    "desync renew hello_ok hello_ignored peer_resumed")
 _LKC_RX_FRAMES = const(0)
 _LKC_TX_FRAMES = const(1)
 _LKC_RX_BYTES = const(2)
@@ -2126,7 +2126,8 @@ _LKC_DESYNC = const(32)
 _LKC_RENEW = const(33)
 _LKC_HELLO_OK = const(34)
 _LKC_HELLO_IGNORED = const(35)
-_LKC_N = const(36)
+LKC_PEER_RESUMED = const(36)
+_LKC_N = const(37)
 
 
 class RttEstimator:
@@ -2835,6 +2836,7 @@ class LinkSession:
         self.hello_why = 0  # LKW_*: why the last HELLO was refused (the port reads and clears)
         self.last_rx = 0
         self.last_tx = 0
+        self.peer_live = False  # a frame other than a HELLO came from the peer since LINK_UP
         self.rtt = RttEstimator()
         # -- framing: one frame out at a time, the stream being resynchronised on input ---------
         self.tx_buf = bytearray(max_frame)
@@ -3315,6 +3317,7 @@ class LinkSession:
             self.stat_counts[LKC_STALE] += 1
             return
         self.last_rx = now
+        self.peer_live = True
         a = b[p + 7]
         end = p + L - 4 - self.tag
         sack = (end - p - _LK_HDR) << 3 if kind == LK_ACK else 0  # bits of SACK bitmap
@@ -3428,11 +3431,23 @@ class LinkSession:
             self.state = LINK_UP
             self.stat_counts[_LKC_UP] += 1
             self.used = True
+            self.peer_live = False
             self.reliable.bad_ack_at = -1
             self.reliable.lose(-1)     # resume: resend whatever the peer does not hold
             fresh = self.fresh
             self.fresh = False
             self.handler.link_up(fresh)
+        elif self.peer_live and (flags & (_LK_HF_REPLY | _LK_HF_PROBE)) == _LK_HF_REPLY:
+            # The peer, up since our LINK_UP (it sent frames), is down and resumes: an outage
+            # only it saw (one direction lost, or the line back before our dead timer ran out).
+            # Our handler hears link_up again, as if we had seen it too, so that what an end
+            # says at a resume is said: without the companion's CHELLO the gateway would wait
+            # for its ROS side for good. (A handshake HELLO that crossed ours comes before the
+            # peer's first frame: not taken for one.)
+            self.peer_live = False
+            self.stat_counts[LKC_PEER_RESUMED] += 1
+            self.reliable.lose(-1)
+            self.handler.link_up(False)
 
     def _discard(self):
         # throw the stream away; if the peer may hold state of it (we were UP since the last

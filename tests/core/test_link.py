@@ -331,6 +331,43 @@ def test_an_outage_that_cuts_a_frame_each_way_still_resumes_within_a_hello():
     assert [m[2] for m in a.handler.msgs] == [rel_payload(7, 1000)]
     assert a.counters()["stale"] >= 1 and b.counters()["stale"] >= 1
 
+def test_an_end_that_stayed_up_hears_link_up_when_the_peer_resumes():
+    # The handshake: the companion answers the gateway's HELLO, and its next HELLO (both "reply
+    # wanted") goes before the gateway's reply comes: it reaches the gateway after the first
+    # brought it up, and is no resume (the companion has sent nothing else yet).
+    a = sess(True, 1)
+    b = sess(False, 2)
+    n = a.poll_tx(1000)
+    b.feed(a.tx_buf, 0, n, 1000)
+    h = []
+    for now in (1000, 1000 + L.LK_HELLO_MS):
+        n = b.poll_tx(now)
+        h.append(bytes(b.tx_buf[:n]))
+    for x in h:
+        a.feed(x, 0, len(x), 1300)
+    assert not b.is_up()
+    assert a.is_up() and a.handler.ups == [True] and a.counters()["peer_resumed"] == 0
+    # Up both ways; then the line loses only what the gateway sends: the companion declares
+    # the link down, the gateway (hearing the companion) does not. When the companion's HELLO
+    # gets through, the gateway hears link_up again (not fresh) and resends what is in flight.
+    cut = [False]
+    p = Pair(a, b, lambda data, d: [] if cut[0] and d == 0 else [data], now=1300)
+    p.up()
+    p.run(500)
+    cut[0] = True
+    assert a.send(L.LK_T_PUB, 1, rel_payload(1, 50), 0, 50, True) == L.LK_OK
+    assert p.run(3000, until=lambda: not b.is_up())
+    assert a.is_up() and a.handler.downs == 0
+    cut[0] = False
+    assert p.run(2 * L.LK_HELLO_MS, until=lambda: b.is_up())
+    p.run(50)
+    assert a.handler.ups == [True, False] and a.counters()["peer_resumed"] == 1
+    assert b.handler.ups == [True, False] and b.counters()["peer_resumed"] == 0
+    assert [m[2] for m in b.handler.msgs] == [rel_payload(1, 50)]
+    p.run(2000)                                      # and only once
+    assert a.handler.ups == [True, False] and a.counters()["peer_resumed"] == 1
+
+
 def test_restart_new_epoch_resets_stream():
     a = sess(True, 1)
     b = sess(False, 2)

@@ -181,6 +181,34 @@ def test_stats_to_companion():
     assert "pub_congested" in port.counters() and "msg_too_large" in end.counters()
 
 
+def test_an_outage_only_the_gateway_saw_gives_it_the_ros_side_back():
+    # The line loses only what the companion sends, for longer than the dead timer: the gateway
+    # declares the link down (ros_down); the companion, still hearing the gateway, never does,
+    # so it never says hello (CHELLO) again. When the line heals, the gateway must have its ROS
+    # side back at once: it was left without one for good (its clients' PUBLISHes refused as
+    # dropped_no_ros) - the serial outage failure of issue 20, where the companion's dead timer
+    # runs up to a heartbeat later than the gateway's and the line came back in between.
+    cut = [False]
+    p, port, gw, comp, end = app_pair()
+    p.mangle = lambda data, d: [] if cut[0] and d == 1 else [data]
+    gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)
+    p.run(300)
+    assert gw.take("up")
+    cut[0] = True
+    assert p.run(3000, until=lambda: not p.a.is_up())
+    assert p.b.is_up() and gw.take("down") == [("down",)]
+    port.publish(1, b"held", 0, 4, True)             # queued while the ROS side is away
+    cut[0] = False
+    t_heal = p.now
+    assert p.run(1000, until=lambda: gw.take("up")), "the gateway never got its ROS side back"
+    assert p.now - t_heal <= 2 * L.LK_HELLO_MS        # within a HELLO or two of the line
+    k = p.b.counters()                                # the companion never saw it go down,
+    assert k["down"] == 0 and k["peer_resumed"] == 1  # ... only the gateway come back
+    p.run(200)
+    assert [c[2] for c in comp.calls if c[0] == "publish"] == [b"held"]
+    assert gw.take("lost") == []                      # the same session: nothing to tell
+
+
 def test_a_session_that_does_not_come_back_releases_everything():
     p, port, gw, comp, end = app_pair()
     gw.pubs[1] = ("/a", "std_msgs/msg/String", QOS_R)

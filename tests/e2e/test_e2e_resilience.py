@@ -224,6 +224,42 @@ def test_an_outage_that_cuts_a_frame_each_way_resumes_at_once(linked: Any, conne
     assert not a.closed and not b.closed and a.error_codes() == [] and b.error_codes() == []
 
 
+def test_an_outage_only_the_gateway_saw_ends_with_its_ros_side_back(linked: Any, connect: Any,
+                                                                     dds: Dds) -> None:
+    """The line loses only what the companion sends, for longer than the dead timer: the
+    gateway declares the link down; the companion, still hearing the gateway, does not, so it
+    has no reason of its own to say hello when the line heals. The gateway must have its ROS
+    side back within a HELLO or two all the same. It used to wait for it for good (issue 20:
+    the serial outage tests' "the link never came back", when the companion's dead timer ran
+    later than the gateway's and the line healed in between), refusing every PUBLISH."""
+    if linked.mode != "serial":
+        pytest.skip("the outage is made in the serial relay")
+    topic = "/e2e_one_way_out"
+    c = connect(linked)
+    c.advertise(1, topic, S)
+    raw = RawCollector(dds.reader("rt" + topic, I.String))
+    assert wait_for(lambda: both_matched(c, 1, raw.reader), 10)
+    cut = [True]
+    linked.relay.impair = lambda d, data: b"" if cut[0] and d == 1 else data
+    try:
+        assert wait_for(lambda: not linked.gw.ros_ready, 5), "the link never went down"
+        time.sleep(0.5)        # the companion would have seen it by now (its timer is 2 s too)
+        cut[0] = False
+        t0 = time.monotonic()
+        assert wait_for(lambda: linked.gw.ros_ready, 5), \
+            "the gateway never got its ROS side back\n" + told(linked)
+        back = time.monotonic() - t0
+    finally:
+        cut[0] = False
+    text = "after a one-way outage"
+    c.publish(1, ser(string_msg(text), S))
+    assert wait_for(lambda: [I.String.deserialize(x).data for x in raw.poll()] == [text], 5), \
+        "the PUBLISH after it never reached ROS: %s %s" % (raw.got, c.errors)
+    print("ROS side back at the gateway %.2f s after the line was" % back)
+    assert back < 1.0, back
+    assert c.error_codes() == [] and not c.closed
+
+
 def test_sub_count_after_restart(linked: Any, connect: Any, dds: Dds) -> None:
     """After a companion restart the publisher is created again and its subscriber count is
     the new companion's: a DDS reader that left while the companion was away is counted out."""
