@@ -256,7 +256,7 @@ def test_an_outage_only_the_gateway_saw_ends_with_its_ros_side_back(linked: Any,
     assert wait_for(lambda: [I.String.deserialize(x).data for x in raw.poll()] == [text], 5), \
         "the PUBLISH after it never reached ROS: %s %s" % (raw.got, c.errors)
     print("ROS side back at the gateway %.2f s after the line was" % back)
-    assert back < 1.0, back
+    assert back < 1.5, back            # (0.15-0.43 s on a quiet machine; 1.0 s seen under a full run)
     assert c.error_codes() == [] and not c.closed
 
 
